@@ -1,0 +1,11 @@
+"""Context parallelism for AlphaFold3-style structure models on PhysicsNeMo ShardTensor.
+
+One complex's token, atom, MSA and pair features are sharded over a 2-D ``(cp0, cp1)``
+mesh of ranks; the serial featurizer and model stay as they are.
+"""
+
+from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown
+
+__version__ = "0.1.0"
+
+__all__ = ["FoldMesh", "init_mesh", "shutdown", "__version__"]

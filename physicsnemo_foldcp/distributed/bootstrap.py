@@ -1,0 +1,261 @@
+"""Start ``torch.distributed`` through PhysicsNeMo and build the ``ddp x cp0 x cp1`` mesh.
+
+One entry point, :func:`init_mesh`, works the same way under ``torchrun``, SLURM or
+OpenMPI (whatever ``DistributedManager`` supports) and for a plain ``python script.py``
+(world size 1, mesh ``1 x 1 x 1``).
+
+Backend and device: ``DistributedManager`` picks NCCL and ``cuda:<LOCAL_RANK>`` when CUDA
+and NCCL are available, gloo and ``cpu`` otherwise. Two upstream quirks of the CPU path
+are handled here, at run time, without touching the installed package:
+
+* ``DistributedManager.setup`` passes ``device_id=cpu`` to ``init_process_group``, which
+  torch >= 2.13 rejects with a ``ValueError``; a CPU ``device_id`` is dropped.
+* ``physicsnemo.domain_parallel`` registers its ShardTensor custom ops only when CUDA is
+  available; they are registered here on CPU.
+
+Every process group behind the mesh is created with the same bounded timeout, so a
+collective that a peer never joins raises instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from physicsnemo.distributed import DistributedManager
+from torch.distributed import distributed_c10d
+
+from physicsnemo_foldcp.distributed.mesh import MESH_DIM_NAMES, FoldMesh
+
+logger = logging.getLogger("physicsnemo_foldcp")
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Default bound, in seconds, on a collective wait (``FOLDCP_TIMEOUT_S`` overrides it)."""
+
+_LAUNCHER_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+
+_meshes: dict[tuple[int, int, int], FoldMesh] = {}
+_custom_ops_registered = False
+
+
+def default_timeout() -> timedelta:
+    """Collective timeout from ``FOLDCP_TIMEOUT_S``, or :data:`DEFAULT_TIMEOUT_S`."""
+    raw = os.environ.get("FOLDCP_TIMEOUT_S")
+    try:
+        seconds = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError as err:
+        raise ValueError(f"FOLDCP_TIMEOUT_S must be a number of seconds, got {raw!r}") from err
+    if seconds <= 0:
+        raise ValueError(f"FOLDCP_TIMEOUT_S must be > 0, got {raw!r}")
+    return timedelta(seconds=seconds)
+
+
+def resolve_mesh_shape(ddp: int, cp: Sequence[int], world_size: int) -> tuple[int, int, int]:
+    """Check a requested ``(ddp, cp0, cp1)`` against the world size and fill in one ``-1``.
+
+    Parameters
+    ----------
+    ddp : int
+        Number of domain groups, or ``-1`` to infer it.
+    cp : Sequence[int]
+        ``(cp0, cp1)``; one entry (of the three sizes overall) may be ``-1``.
+    world_size : int
+        Number of processes in the job.
+
+    Returns
+    -------
+    tuple[int, int, int]
+        ``(ddp, cp0, cp1)`` whose product is ``world_size``.
+
+    Raises
+    ------
+    ValueError
+        If an entry is not an integer, is 0 or below -1, if more than one entry is -1, or
+        if the sizes do not multiply to ``world_size``.
+    """
+    if isinstance(cp, (str, bytes)) or not isinstance(cp, Sequence) or len(cp) != 2:
+        raise ValueError(f"cp must be a pair (cp0, cp1), got {cp!r}")
+    sizes = {"ddp": ddp, "cp0": cp[0], "cp1": cp[1]}
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise ValueError(f"mesh size {name} must be an integer, got {size!r}")
+        if size == 0 or size < -1:
+            raise ValueError(
+                f"mesh size {name}={size} is invalid: every mesh size must be >= 1 "
+                "(or -1 for one size inferred from the world size)"
+            )
+    inferred = [name for name, size in sizes.items() if size == -1]
+    if len(inferred) > 1:
+        raise ValueError(f"only one mesh size may be -1, got -1 for {', '.join(inferred)}")
+    if inferred:
+        known = 1
+        for size in sizes.values():
+            if size != -1:
+                known *= size
+        if world_size % known:
+            raise ValueError(
+                f"cannot infer mesh size {inferred[0]}: world size {world_size} is not a "
+                f"multiple of the other sizes' product {known} "
+                f"(ddp={ddp}, cp0={cp[0]}, cp1={cp[1]})"
+            )
+        sizes[inferred[0]] = world_size // known
+    shape = (sizes["ddp"], sizes["cp0"], sizes["cp1"])
+    if shape[0] * shape[1] * shape[2] != world_size:
+        raise ValueError(
+            f"mesh ddp x cp0 x cp1 = {shape[0]} x {shape[1]} x {shape[2]} = "
+            f"{shape[0] * shape[1] * shape[2]} ranks does not match the world size "
+            f"{world_size}; launch {shape[0] * shape[1] * shape[2]} processes or change the mesh"
+        )
+    return shape
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ensure_single_process_env() -> None:
+    """Give a process started without a launcher the environment of a 1-rank job."""
+    if any(var in os.environ for var in _LAUNCHER_RANK_VARS):
+        return
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ["RANK"] = "0"
+
+
+@contextlib.contextmanager
+def _bounded_group_creation(timeout: timedelta) -> Iterator[None]:
+    """Create process groups with ``timeout`` and without a CPU ``device_id``.
+
+    ``init_process_group`` gets ``timeout`` and loses a ``device_id`` of type cpu; groups
+    made by ``new_group`` without an explicit timeout (as ``init_device_mesh`` makes them)
+    get ``timeout`` as their default. Everything is restored on exit.
+    """
+    original_init = dist.init_process_group
+    saved_defaults = (distributed_c10d.default_pg_timeout, distributed_c10d.default_pg_nccl_timeout)
+
+    def init_process_group(*args, **kwargs):
+        device_id = kwargs.get("device_id")
+        if device_id is not None and torch.device(device_id).type == "cpu":
+            del kwargs["device_id"]
+        kwargs.setdefault("timeout", timeout)
+        return original_init(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+    distributed_c10d.default_pg_timeout = timeout
+    if saved_defaults[1] is not None:
+        distributed_c10d.default_pg_nccl_timeout = timeout
+    try:
+        yield
+    finally:
+        dist.init_process_group = original_init
+        distributed_c10d.default_pg_timeout, distributed_c10d.default_pg_nccl_timeout = (
+            saved_defaults
+        )
+
+
+def register_shard_tensor_ops() -> None:
+    """Register PhysicsNeMo's ShardTensor custom ops (upstream does so only with CUDA)."""
+    global _custom_ops_registered
+    if _custom_ops_registered:
+        return
+    from physicsnemo.domain_parallel import register_custom_ops
+
+    if not torch.cuda.is_available():
+        register_custom_ops()
+    _custom_ops_registered = True
+
+
+def init_mesh(
+    ddp: int = -1,
+    cp: Sequence[int] = (1, 1),
+    *,
+    timeout_s: float | None = None,
+) -> FoldMesh:
+    """Initialize the distributed job (once) and return the ``ddp x cp0 x cp1`` mesh.
+
+    Works under ``torchrun`` (and SLURM / OpenMPI as ``DistributedManager`` supports) and
+    in a single process started without a launcher (world size 1, mesh ``1 x 1 x 1``).
+    NCCL on ``cuda:<LOCAL_RANK>`` is used when CUDA is available, gloo on CPU otherwise.
+    Calling it again with another shape builds (and caches) another mesh over the same
+    process group.
+
+    Parameters
+    ----------
+    ddp : int, default -1
+        Number of domain groups (data-parallel replicas); -1 infers it.
+    cp : Sequence[int], default (1, 1)
+        ``(cp0, cp1)``: the 2-D context-parallel mesh of each domain group. One of the
+        three sizes may be -1.
+    timeout_s : float, optional
+        Bound, in seconds, on every collective wait of the groups created here. Defaults
+        to ``FOLDCP_TIMEOUT_S`` or :data:`DEFAULT_TIMEOUT_S`. Only the first call, which
+        starts the job, sets the default group's timeout.
+
+    Returns
+    -------
+    FoldMesh
+        The mesh, its ddp and domain sub-meshes, this rank's coordinate and the global
+        rank of its domain group's source.
+
+    Raises
+    ------
+    ValueError
+        If a size is 0 or below -1, or the sizes do not multiply to the world size (the
+        message gives both numbers).
+    RuntimeError
+        If the process group or the mesh cannot be created.
+    """
+    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else default_timeout()
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    cp = tuple(cp) if not isinstance(cp, (str, bytes)) and hasattr(cp, "__iter__") else cp
+
+    if not DistributedManager.is_initialized():
+        _ensure_single_process_env()
+        with _bounded_group_creation(timeout):
+            DistributedManager.initialize()
+    manager = DistributedManager()
+    if not manager.distributed or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed could not be initialized: no launcher environment "
+            "(RANK/WORLD_SIZE, SLURM or OpenMPI) was usable and the single-process "
+            "fallback failed"
+        )
+    register_shard_tensor_ops()
+
+    shape = resolve_mesh_shape(ddp, cp, manager.world_size)
+    if shape in _meshes:
+        return _meshes[shape]
+    try:
+        with _bounded_group_creation(timeout):
+            global_mesh = manager.initialize_mesh(shape, MESH_DIM_NAMES)
+            domain_group = manager.get_mesh_group(global_mesh["cp0", "cp1"])
+    except Exception as err:
+        raise RuntimeError(
+            f"could not build the ddp x cp0 x cp1 = {shape[0]} x {shape[1]} x {shape[2]} "
+            f"mesh on {manager.world_size} ranks (backend {dist.get_backend()}): {err}"
+        ) from err
+    fold_mesh = FoldMesh(mesh=global_mesh, domain_group=domain_group, timeout=timeout)
+    _meshes[shape] = fold_mesh
+    if fold_mesh.rank == 0:
+        logger.info("%s", fold_mesh.describe())
+    return fold_mesh
+
+
+def shutdown() -> None:
+    """Destroy every process group and reset ``DistributedManager``.
+
+    Safe to call more than once, and when nothing was initialized.
+    """
+    _meshes.clear()
+    DistributedManager.cleanup()

@@ -1,0 +1,169 @@
+"""Pytest plugin for distributed tests, following PhysicsNeMo's ``multigpu_static`` convention.
+
+Enable it from a ``conftest.py`` with ``pytest_plugins = ["physicsnemo_foldcp.testing.plugin"]``.
+
+* ``--multigpu-static``: the whole pytest session runs on every rank under ``torchrun``;
+  tests marked ``multigpu_static`` run, unmarked ones should be deselected with
+  ``-m multigpu_static``. Without the option, marked tests are skipped.
+* Fixtures: ``fold_world`` (the started job), ``fold_mesh_factory`` (``(ddp, cp0, cp1)``
+  -> cached :class:`~physicsnemo_foldcp.FoldMesh`) and ``fold_mesh``, parametrized
+  indirectly with a mesh shape. Parametrizations whose shape does not fit the world size
+  are deselected at collection; a direct request for such a mesh skips.
+* The outcome of every ``multigpu_static`` test is shared: when it fails on one rank it
+  fails on all, with the failing rank's message, so no rank waits for a peer that gave up.
+* Every collective wait is bounded by ``--foldcp-timeout`` seconds; TF32 is off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from physicsnemo_foldcp.testing.asserts import CollectiveAssertionError, gather_failures
+
+MARKER = "multigpu_static"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add ``--multigpu-static`` and ``--foldcp-timeout``."""
+    group = parser.getgroup("foldcp")
+    group.addoption(
+        "--multigpu-static",
+        action="store_true",
+        default=False,
+        help="run multigpu_static tests; launch pytest on every rank with torchrun",
+    )
+    group.addoption(
+        "--foldcp-timeout",
+        type=float,
+        default=float(os.environ.get("FOLDCP_TEST_TIMEOUT_S", 180)),
+        help="bound in seconds on every collective wait in distributed tests",
+    )
+
+
+def _distributed(config: pytest.Config) -> bool:
+    return bool(config.getoption("--multigpu-static"))
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker and turn TF32 off for exact comparisons."""
+    config.addinivalue_line(
+        "markers", f"{MARKER}: distributed test, run on every rank under torchrun"
+    )
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+
+def _mesh_param(item: pytest.Item) -> tuple[int, int, int] | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "fold_mesh" not in callspec.params:
+        return None
+    return tuple(callspec.params["fold_mesh"])  # type: ignore[return-value]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip marked tests without the option; deselect meshes that do not fit the world."""
+    if not _distributed(config):
+        skip = pytest.mark.skip(reason=f"{MARKER} tests need --multigpu-static under torchrun")
+        for item in items:
+            if item.get_closest_marker(MARKER):
+                item.add_marker(skip)
+        return
+    world = _world_size()
+    keep, drop = [], []
+    for item in items:
+        shape = _mesh_param(item)
+        fits = shape is None or shape[0] * shape[1] * shape[2] == world
+        (keep if fits else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def sync_outcome(error: BaseException | None) -> None:
+    """Share one test's outcome across the world; raise on every rank if any rank failed.
+
+    Parameters
+    ----------
+    error : BaseException or None
+        What this rank's test raised (``None`` on success). Skips count as success.
+
+    Raises
+    ------
+    BaseException
+        This rank's own ``error``, if any; otherwise a :class:`CollectiveAssertionError`
+        naming the ranks that failed and their messages.
+    """
+    skipped = isinstance(error, pytest.skip.Exception)
+    message = None if error is None or skipped else f"{type(error).__name__}: {error}"
+    failures = gather_failures(message)
+    if error is not None:
+        raise error
+    if failures:
+        raise CollectiveAssertionError(failures)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Run a ``multigpu_static`` test and fail it on every rank if it failed on one."""
+    if not (_distributed(item.config) and item.get_closest_marker(MARKER)):
+        return (yield)
+    if not dist.is_initialized():
+        return (yield)
+    try:
+        result = yield
+    except (KeyboardInterrupt, pytest.exit.Exception):
+        raise
+    except BaseException as error:  # noqa: BLE001 - every outcome is shared
+        sync_outcome(error)
+        raise
+    sync_outcome(None)
+    return result
+
+
+@pytest.fixture(scope="session")
+def fold_world(request: pytest.FixtureRequest):
+    """Start the distributed job once per session (gloo on CPU, NCCL on GPU).
+
+    Yields
+    ------
+    int
+        The world size.
+    """
+    if not _distributed(request.config):
+        pytest.skip(f"{MARKER} tests need --multigpu-static under torchrun")
+    from physicsnemo_foldcp.distributed import bootstrap
+
+    bootstrap.init_mesh(ddp=-1, cp=(1, 1), timeout_s=request.config.getoption("--foldcp-timeout"))
+    yield dist.get_world_size()
+    bootstrap.shutdown()
+
+
+@pytest.fixture(scope="session")
+def fold_mesh_factory(fold_world: int):
+    """Return ``make(ddp, cp0, cp1) -> FoldMesh``; it skips when the shape does not fit."""
+    from physicsnemo_foldcp.distributed import bootstrap
+
+    def make(ddp: int, cp0: int, cp1: int):
+        if ddp * cp0 * cp1 != fold_world:
+            pytest.skip(f"mesh {ddp}x{cp0}x{cp1} needs {ddp * cp0 * cp1} ranks, have {fold_world}")
+        return bootstrap.init_mesh(ddp=ddp, cp=(cp0, cp1))
+
+    return make
+
+
+@pytest.fixture
+def fold_mesh(request: pytest.FixtureRequest, fold_mesh_factory):
+    """The mesh named by an indirect parametrization ``(ddp, cp0, cp1)``."""
+    return fold_mesh_factory(*request.param)
+
+
+__all__ = ["MARKER", "CollectiveAssertionError", "sync_outcome"]

@@ -1,0 +1,1 @@
+pytest_plugins = ["physicsnemo_foldcp.testing.plugin"]

@@ -1,0 +1,91 @@
+"""The harness itself: collective asserts fail every rank, and no collective waits forever."""
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from physicsnemo_foldcp.testing import (
+    CollectiveAssertionError,
+    collective_assert,
+    collective_assert_close,
+    collective_assert_equal,
+)
+from physicsnemo_foldcp.testing.plugin import sync_outcome
+
+pytestmark = pytest.mark.multigpu_static
+
+
+def test_collective_assert_fails_every_rank_when_one_rank_fails(fold_world):
+    rank = dist.get_rank()
+    with pytest.raises(CollectiveAssertionError) as info:
+        collective_assert(rank != 1, f"deliberate failure on rank {rank}")
+    # Every rank sees exactly rank 1's failure with rank 1's own message.
+    assert info.value.failures == {1: "deliberate failure on rank 1"}
+    assert "rank 1: deliberate failure on rank 1" in str(info.value)
+
+
+def test_collective_assert_passes_when_every_rank_passes(fold_world):
+    collective_assert(True, "never shown")
+
+
+def test_equal_and_close_asserts_report_the_failing_rank(fold_world):
+    rank = dist.get_rank()
+    last = dist.get_world_size() - 1
+    x = torch.arange(6.0)
+    y = x.clone()
+    if rank == last:
+        y[4] += 1
+    with pytest.raises(
+        CollectiveAssertionError,
+        match=rf"rank {last}: x: 1 element\(s\) differ, first at index \(4,\)",
+    ):
+        collective_assert_equal(y, x, "x")
+    with pytest.raises(
+        CollectiveAssertionError, match=rf"rank {last}: x: max abs difference 1.000e\+00"
+    ):
+        collective_assert_close(y, x, "x")
+    collective_assert_close(x + 1e-9, x, "x")
+
+
+def test_test_outcome_is_shared_across_ranks(fold_world):
+    """What the plugin does after each test: one rank's failure fails all the others."""
+    rank = dist.get_rank()
+    error = RuntimeError("boom on rank 0") if rank == 0 else None
+    with pytest.raises((RuntimeError, CollectiveAssertionError)) as info:
+        sync_outcome(error)
+    if rank == 0:
+        assert info.value is error
+    else:
+        assert info.value.failures == {0: "RuntimeError: boom on rank 0"}
+
+
+def test_a_skip_on_one_rank_is_not_a_failure_elsewhere(fold_world):
+    rank = dist.get_rank()
+    if rank == 0:
+        with pytest.raises(pytest.skip.Exception):
+            sync_outcome(pytest.skip.Exception("skipped on rank 0 only"))
+    else:
+        sync_outcome(None)
+
+
+def test_a_collective_a_peer_never_joins_times_out_instead_of_hanging(fold_world):
+    """With a 3 s group timeout, ranks whose peer (rank 0) skips an all-reduce raise in time."""
+    group = dist.new_group(timeout=timedelta(seconds=3))
+    rank = dist.get_rank()
+    elapsed = None
+    error = None
+    if rank != 0:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1), group=group)
+        except RuntimeError as err:  # gloo raises DistBackendError, a RuntimeError
+            error = err
+        elapsed = time.monotonic() - start
+    dist.destroy_process_group(group)
+    collective_assert(
+        rank == 0 or (error is not None and elapsed < 60),
+        f"all_reduce without rank 0 returned error={error!r} after {elapsed} s",
+    )
