@@ -5,7 +5,19 @@ mesh of ranks; the serial featurizer and model stay as they are.
 """
 
 from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown
+from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec
+from physicsnemo_foldcp.scatter import ShardedFeatures, gather_features, scatter_features
 
 __version__ = "0.1.0"
 
-__all__ = ["FoldMesh", "init_mesh", "shutdown", "__version__"]
+__all__ = [
+    "FeatureRegistry",
+    "FeatureSpec",
+    "FoldMesh",
+    "ShardedFeatures",
+    "__version__",
+    "gather_features",
+    "init_mesh",
+    "scatter_features",
+    "shutdown",
+]

@@ -14,10 +14,19 @@ from physicsnemo_foldcp.testing import collective_assert, collective_assert_equa
 pytestmark = pytest.mark.multigpu_static
 
 MESHES = [
-    (1, 2, 2), (2, 1, 2), (2, 2, 1), (4, 1, 1), (1, 1, 4),
-    (1, 2, 3), (1, 3, 2), (3, 1, 2), (2, 1, 3),
-    (1, 3, 3), (3, 1, 3), (3, 3, 1),
-]  # fmt: skip
+    (1, 2, 2),
+    (2, 1, 2),
+    (2, 2, 1),
+    (4, 1, 1),
+    (1, 1, 4),
+    (1, 2, 3),
+    (1, 3, 2),
+    (3, 1, 2),
+    (2, 1, 3),
+    (1, 3, 3),
+    (3, 1, 3),
+    (3, 3, 1),
+]
 
 
 @pytest.mark.parametrize("fold_mesh", MESHES, indirect=True, ids=lambda s: "x".join(map(str, s)))
@@ -63,9 +72,13 @@ def test_shard_tensor_scatter_and_full_tensor_round_trip(fold_mesh, placements):
     # 12 x 18 divides every mesh here evenly, so scatter_tensor's chunking is exact.
     x = torch.randn(12, 18, 4, generator=gen)
     st = scatter_tensor(
-        x, fold_mesh.domain_source_rank, fold_mesh.domain_mesh, placements,
-        global_shape=x.shape, dtype=x.dtype,
-    )  # fmt: skip
+        x,
+        fold_mesh.domain_source_rank,
+        fold_mesh.domain_mesh,
+        placements,
+        global_shape=x.shape,
+        dtype=x.dtype,
+    )
     collective_assert(isinstance(st, ShardTensor), f"got {type(st).__name__}")
     collective_assert_equal(st.full_tensor(), x, "full_tensor after scatter_tensor")
 

@@ -1,0 +1,1 @@
+"""Data: synthetic Boltz feature dicts and the data pipeline for context parallelism."""

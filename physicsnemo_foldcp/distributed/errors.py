@@ -1,0 +1,82 @@
+"""Carry an exception from one rank to its peers, so that every rank raises the same error."""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from dataclasses import dataclass
+
+
+class RemoteTraceback(Exception):
+    """The formatted traceback of an exception raised on another rank (set as ``__cause__``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class ErrorPayload:
+    """A picklable record of an exception raised on one rank.
+
+    Attributes
+    ----------
+    rank : int
+        Global rank that raised.
+    type_name : str
+        ``module.QualName`` of the exception type.
+    message : str
+        ``str(exception)``.
+    traceback_text : str
+        The formatted traceback, as printed on the raising rank.
+    pickled : bytes or None
+        The exception itself, when it can be pickled and unpickled.
+    """
+
+    rank: int
+    type_name: str
+    message: str
+    traceback_text: str
+    pickled: bytes | None
+
+    @classmethod
+    def capture(cls, error: BaseException, rank: int) -> ErrorPayload:
+        """Record ``error`` (raised on ``rank``) for sending to other ranks."""
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        try:
+            pickled = pickle.dumps(error)
+            pickle.loads(pickled)
+        except Exception:  # noqa: BLE001 - an unpicklable exception is sent as text
+            pickled = None
+        kind = type(error)
+        return cls(rank, f"{kind.__module__}.{kind.__qualname__}", str(error), text, pickled)
+
+    def to_exception(self, context: str = "") -> BaseException:
+        """An exception of the original type (or ``RuntimeError``) to raise on a peer.
+
+        Parameters
+        ----------
+        context : str
+            Prefix for the message, e.g. which operation received the error.
+
+        Returns
+        -------
+        BaseException
+            The original exception when it could be pickled, its ``__cause__`` a
+            :class:`RemoteTraceback` with the original traceback; otherwise a
+            ``RuntimeError`` naming the original type.
+        """
+        remote = RemoteTraceback(
+            f"\n--- traceback on rank {self.rank} ---\n{self.traceback_text.rstrip()}"
+        )
+        error: BaseException | None = None
+        if self.pickled is not None:
+            try:
+                error = pickle.loads(self.pickled)
+            except Exception:  # noqa: BLE001
+                error = None
+        if error is None:
+            error = RuntimeError(f"{self.type_name}: {self.message}")
+        if context and hasattr(error, "add_note"):
+            error.add_note(f"{context} (raised on rank {self.rank})")
+        error.__cause__ = remote
+        return error

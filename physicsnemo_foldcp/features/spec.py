@@ -1,0 +1,219 @@
+"""Axis semantics of one feature, and the placement over ``(cp0, cp1)`` derived from them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.tensor import Placement, Replicate, Shard
+
+TOKENS = "tokens"
+"""Token axis (length N): row blocks over ``cp0``; a second token axis uses ``cp1`` blocks."""
+ATOMS = "atoms"
+"""Atom axis (length A): each rank holds exactly the atoms of its row-block tokens."""
+MSA = "msa"
+"""MSA depth (length S): split over ``cp0`` when followed by a token axis."""
+ENSEMBLE = "ensemble"
+"""Conformer ensemble (E or K): never sharded."""
+TEMPLATES = "templates"
+"""Templates (T): never sharded."""
+RSET = "rset"
+"""Rows that each belong to one token (``r_set_to_rep_atom``): they follow their tokens."""
+
+AXES: frozenset[str] = frozenset({TOKENS, ATOMS, MSA, ENSEMBLE, TEMPLATES, RSET})
+"""Every axis meaning a :class:`FeatureSpec` may use (``None`` marks a free axis)."""
+
+LAYOUT_AXES: tuple[str, ...] = (TOKENS, ATOMS, RSET)
+"""Axes whose layout the sharding plan changes (row blocks, per-shard padding)."""
+
+INDEX_TARGETS: frozenset[str] = frozenset({ATOMS, TOKENS, ENSEMBLE, "chains"})
+"""What the VALUES of an index-valued feature may point into."""
+
+SHARD = "shard"
+"""Mode: sharded over the domain mesh at the placement derived from its axes."""
+REPLICATE = "replicate"
+"""Mode: a ``Replicate()`` ShardTensor on every rank of the domain group."""
+PASSTHROUGH = "passthrough"
+"""Mode: a plain tensor, the same on every rank of the domain group."""
+
+MODES: frozenset[str] = frozenset({SHARD, REPLICATE, PASSTHROUGH})
+
+_DTYPES: dict[str, torch.dtype] = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "long": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float64": torch.float64,
+}
+
+
+def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
+    """``"int64"`` / ``"torch.int64"`` / ``torch.int64`` -> ``torch.int64``."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = str(name).removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[key]
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """What each axis of one (unbatched) feature means, and how it is distributed.
+
+    Parameters
+    ----------
+    name : str
+        Feature key, as the featurizer emits it.
+    axes : tuple of (str or None)
+        Meaning of every axis of the unbatched feature: one of :data:`AXES`, or ``None``
+        for channels and other free axes. ``("tokens", "tokens", None)`` is a pair feature.
+    pad_value : bool, int or float, default 0
+        Value written at pad positions (per-shard and cross-axis padding).
+    dtypes : tuple of torch.dtype, optional
+        Accepted dtypes; ``None`` accepts any.
+    index_of : str, optional
+        The VALUES index this axis (one of :data:`INDEX_TARGETS`): atom indices are
+        remapped into the sharded atom layout and back; ensemble and chain indices are
+        only range-checked (ensemble) or kept (chains).
+    one_hot : bool, default False
+        The feature is a 0/1 incidence map between its first two axes (atom<->token maps).
+    mode : str, default "shard"
+        ``"shard"``, ``"replicate"`` or ``"passthrough"`` (see :data:`MODES`).
+    description : str
+        One line on what the feature is.
+    """
+
+    name: str
+    axes: tuple[str | None, ...]
+    pad_value: bool | int | float = 0
+    dtypes: tuple[torch.dtype, ...] | None = None
+    index_of: str | None = None
+    one_hot: bool = False
+    mode: str = SHARD
+    description: str = ""
+    _placements: tuple[Placement, Placement] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "axes", tuple(self.axes))
+        if self.dtypes is not None:
+            object.__setattr__(self, "dtypes", tuple(dtype_from_name(d) for d in self.dtypes))
+        where = f"feature {self.name!r}"
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"feature name must be a non-empty string, got {self.name!r}")
+        bad_axes = [a for a in self.axes if a is not None and a not in AXES]
+        if bad_axes:
+            raise ValueError(f"{where}: unknown axis meaning(s) {bad_axes}; use {sorted(AXES)}")
+        if self.mode not in MODES:
+            raise ValueError(f"{where}: mode {self.mode!r} is not one of {sorted(MODES)}")
+        if self.index_of is not None and self.index_of not in INDEX_TARGETS:
+            raise ValueError(
+                f"{where}: index_of={self.index_of!r} is not one of {sorted(INDEX_TARGETS)}"
+            )
+        if self.index_of is not None and self.dtypes is not None:
+            floating = [d for d in self.dtypes if d.is_floating_point or d == torch.bool]
+            if floating:
+                raise ValueError(f"{where}: an index-valued feature cannot have dtype {floating}")
+        if self.one_hot and (len(self.axes) != 2 or ATOMS not in self.axes):
+            raise ValueError(f"{where}: a one-hot map must have two axes, one of them atoms")
+        object.__setattr__(self, "_placements", self._derive_placements())
+
+    def _derive_placements(self) -> tuple[Placement, Placement]:
+        """Placement rules over ``(cp0, cp1)`` (design decision 2)."""
+        if self.mode != SHARD:
+            return (Replicate(), Replicate())
+        axes = self.axes
+        first = axes[0] if axes else None
+        second = axes[1] if len(axes) > 1 else None
+        if first == TOKENS and second == TOKENS:
+            return (Shard(0), Shard(1))  # pair: the square tile
+        if first == MSA and second == TOKENS:
+            return (Shard(0), Shard(1))  # MSA rows on cp0, token columns on cp1
+        if first in (TOKENS, ATOMS, RSET):
+            return (Shard(0), Replicate())  # leading token/atom axis: row blocks
+        if first in (ENSEMBLE, TEMPLATES) and second in (TOKENS, ATOMS):
+            return (Shard(1), Replicate())  # ensemble/template-leading: rows of axis 1
+        raise ValueError(
+            f"feature {self.name!r} with axes {axes} has no sharded placement: a sharded "
+            "feature must lead with tokens, atoms or rset (or msa/ensemble/templates "
+            "followed by tokens or atoms); declare it mode='replicate' or 'passthrough'"
+        )
+
+    @property
+    def placements(self) -> tuple[Placement, Placement]:
+        """Placements over ``(cp0, cp1)`` of the unbatched feature."""
+        return self._placements
+
+    def batched_placements(self, batched: bool) -> tuple[Placement, Placement]:
+        """Placements when a leading batch axis of size 1 is present (shard dims + 1)."""
+        if not batched:
+            return self._placements
+        return tuple(  # type: ignore[return-value]
+            Shard(p.dim + 1) if isinstance(p, Shard) else p for p in self._placements
+        )
+
+    @property
+    def sharded_axes(self) -> dict[int, int]:
+        """``{mesh_dim: tensor_axis}`` for every mesh dim that shards this feature."""
+        return {m: p.dim for m, p in enumerate(self._placements) if isinstance(p, Shard)}
+
+    def axes_of(self, meaning: str) -> list[int]:
+        """Positions of the axes with this meaning."""
+        return [i for i, a in enumerate(self.axes) if a == meaning]
+
+    def to_config(self) -> dict[str, Any]:
+        """Plain-data form, the inverse of :meth:`from_config`."""
+        out: dict[str, Any] = {"axes": list(self.axes), "pad_value": self.pad_value}
+        if self.dtypes is not None:
+            out["dtypes"] = [str(d).removeprefix("torch.") for d in self.dtypes]
+        for key in ("index_of", "description"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        if self.one_hot:
+            out["one_hot"] = True
+        if self.mode != SHARD:
+            out["mode"] = self.mode
+        return out
+
+    @classmethod
+    def from_config(cls, name: str, config: Mapping[str, Any]) -> FeatureSpec:
+        """Build a spec from plain data (a Hydra/YAML mapping).
+
+        Parameters
+        ----------
+        name : str
+            Feature key.
+        config : Mapping
+            ``axes`` (list of axis names or null) and optionally ``pad_value``,
+            ``dtypes`` (names such as ``"int64"``), ``index_of``, ``one_hot``, ``mode``,
+            ``description``.
+        """
+        known = {"axes", "pad_value", "dtypes", "index_of", "one_hot", "mode", "description"}
+        unknown = set(config) - known
+        if unknown:
+            raise ValueError(f"feature {name!r}: unknown spec field(s) {sorted(unknown)}")
+        if "axes" not in config:
+            raise ValueError(f"feature {name!r}: a spec needs 'axes'")
+        axes = config["axes"]
+        if isinstance(axes, str) or not isinstance(axes, Sequence):
+            raise ValueError(f"feature {name!r}: 'axes' must be a list, got {axes!r}")
+        dtypes = config.get("dtypes")
+        return cls(
+            name=name,
+            axes=tuple(None if a in (None, "null", "None") else str(a) for a in axes),
+            pad_value=config.get("pad_value", 0),
+            dtypes=tuple(dtype_from_name(d) for d in dtypes) if dtypes is not None else None,
+            index_of=config.get("index_of"),
+            one_hot=bool(config.get("one_hot", False)),
+            mode=config.get("mode", SHARD),
+            description=config.get("description", ""),
+        )
