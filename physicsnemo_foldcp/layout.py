@@ -49,12 +49,16 @@ class FeatureMeta:
         Unbatched shape as the featurizer gave it.
     padded_shape : tuple[int, ...]
         Unbatched global shape in the padded layout (what ``full_tensor()`` has).
+    compact_of : torch.dtype or None
+        For a one-hot map sent in the compact index layout: the dtype of the dense map
+        (``dtype`` is then int64); ``None`` otherwise.
     """
 
     name: str
     dtype: torch.dtype
     serial_shape: tuple[int, ...]
     padded_shape: tuple[int, ...]
+    compact_of: torch.dtype | None = None
 
 
 @dataclass
@@ -80,6 +84,24 @@ class PreparedSample:
     padded: dict[str, torch.Tensor]
     values: dict[str, Any] = field(default_factory=dict)
     batched: bool = False
+
+
+MAP_LAYOUTS = ("dense", "index")
+"""Layouts of the one-hot atom<->token maps: the serial dense map, or an index vector."""
+
+
+def dense_map_to_index(dense: torch.Tensor) -> torch.Tensor:
+    """``[X, Y]`` one-hot map -> int64 ``[X]``: the column of each row's 1, or -1 for none."""
+    nonzero = dense != 0
+    return torch.where(nonzero.any(-1), nonzero.to(torch.int8).argmax(-1), -1)
+
+
+def index_map_to_dense(index: torch.Tensor, columns: int, dtype: torch.dtype) -> torch.Tensor:
+    """int64 ``[X]`` index vector (-1: no column) -> ``[X, columns]`` one-hot map."""
+    dense = torch.zeros(*index.shape, columns, dtype=dtype, device=index.device)
+    rows = (index >= 0).nonzero(as_tuple=True)
+    dense[rows + (index[rows],)] = 1
+    return dense
 
 
 def _detect_batch(tensors: Mapping[str, torch.Tensor], registry: FeatureRegistry) -> bool:
@@ -205,6 +227,7 @@ def prepare_sample(
     atom_multiple: int = 1,
     align_lengths: bool = False,
     token_bounds: tuple[int, ...] | None = None,
+    map_layout: str = "dense",
 ) -> PreparedSample:
     """Validate a serial sample and lay out every feature on its sharding plan.
 
@@ -224,6 +247,9 @@ def prepare_sample(
         raising when they differ.
     token_bounds : tuple[int, ...], optional
         Explicit row-block token boundaries (see :func:`build_plan`).
+    map_layout : {"dense", "index"}, default "dense"
+        ``"index"`` sends every one-hot map as an int64 vector over its first axis
+        (:func:`dense_map_to_index`, global positions in the padded layout).
 
     Returns
     -------
@@ -236,6 +262,8 @@ def prepare_sample(
     UnknownFeatureError
         For tensor keys the registry lacks.
     """
+    if map_layout not in MAP_LAYOUTS:
+        raise ValueError(f"map_layout must be one of {MAP_LAYOUTS}, got {map_layout!r}")
     if features is None:
         raise FeatureValidationError(
             "the source rank of the domain group passed features=None: the source must pass "
@@ -307,8 +335,11 @@ def prepare_sample(
             t = plan.remap_index_values(t, spec.index_of)
         if spec.mode != PASSTHROUGH:
             t = plan.to_padded(t, spec.axes, spec.pad_value)
+        compact_of = None
+        if spec.one_hot and map_layout == "index":
+            compact_of, t = t.dtype, dense_map_to_index(t)
         padded[name] = t
-        metas.append(FeatureMeta(name, t.dtype, serial_shapes[name], tuple(t.shape)))
+        metas.append(FeatureMeta(name, t.dtype, serial_shapes[name], tuple(t.shape), compact_of))
     return PreparedSample(plan, metas, padded, values, batched)
 
 

@@ -123,7 +123,7 @@ def _placement_text(value: Any) -> str:
 def _gather(sharded: ShardedFeatures, item: Any) -> list[Any]:
     mesh = sharded.mesh
     out: list[Any] = [None] * mesh.domain_size
-    dist.all_gather_object(out, item, group=mesh.domain_group)
+    dist.all_gather_object(out, item, group=mesh.object_group)
     return out
 
 
@@ -150,9 +150,10 @@ def sharding_report(sharded: ShardedFeatures) -> ShardingReport:
         local = value.to_local() if isinstance(value, ShardTensor) else value
         spec = registry[meta.name]
         pad = 0
-        if spec.mode != PASSTHROUGH and any(plan.has_padding(a) for a in spec.axes if a):
+        axes = spec.axes[: len(meta.padded_shape)]  # a compact map keeps its first axis
+        if spec.mode != PASSTHROUGH and any(plan.has_padding(a) for a in axes if a):
             real = torch.ones(meta.padded_shape, dtype=torch.bool)
-            for dim, axis in enumerate(spec.axes):
+            for dim, axis in enumerate(axes):
                 if axis in LAYOUT_AXES and plan.has_padding(axis):
                     keep = ~plan.is_pad(axis)
                     view = [1] * len(meta.padded_shape)
@@ -209,10 +210,11 @@ def _local_findings(sharded: ShardedFeatures) -> list[str]:
                     start, stop = plan.block(axis, 0, coord[0])
                     pads = plan.is_pad(axis)[start:stop].nonzero().flatten()
                     held = t.index_select(dim, pads) if pads.numel() else None
-                    if held is not None and not bool((held == spec.pad_value).all()):
+                    pad_value = -1 if meta.compact_of is not None else spec.pad_value
+                    if held is not None and not bool((held == pad_value).all()):
                         findings.append(
                             f"{meta.name}: pad positions of its {axis} axis do not hold the "
-                            f"pad value {spec.pad_value}"
+                            f"pad value {pad_value}"
                         )
         # Atom indices are GLOBAL positions in the padded atom layout, never at a pad.
         if spec.index_of == ATOMS and atom_pads is not None and t.numel():
@@ -228,14 +230,13 @@ def _local_findings(sharded: ShardedFeatures) -> list[str]:
             if full_max not in (0.0, 1.0):
                 findings.append(f"{name}: values are not 0/1")
     # Atoms follow their tokens: every local atom's token is in this rank's row block.
-    a2t = next(
-        (m.name for m in sharded.meta.features if registry[m.name].axes == (ATOMS, TOKENS)), None
-    )
+    a2t = next((m for m in sharded.meta.features if registry[m.name].axes == (ATOMS, TOKENS)), None)
     if a2t is not None:
-        rows, cols = local(a2t).nonzero(as_tuple=True)
+        held = local(a2t.name)
+        cols = held[held >= 0] if a2t.compact_of is not None else held.nonzero(as_tuple=True)[1]
         start, stop = plan.block(TOKENS, 0, coord[0])
         if bool(((cols < start) | (cols >= stop)).any()):
-            findings.append(f"{a2t}: a local atom belongs to a token outside this rank's rows")
+            findings.append(f"{a2t.name}: a local atom belongs to a token outside this rank's rows")
     return [f"rank {mesh.rank}: {f}" for f in findings]
 
 

@@ -39,6 +39,7 @@ from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, TOKENS
 from physicsnemo_foldcp.layout import (
     FeatureMeta,
     PreparedSample,
+    index_map_to_dense,
     local_block,
     local_shape,
     prepare_sample,
@@ -136,7 +137,7 @@ def _exchange_metadata(
     """Step 2 of the protocol: one all-gather; raise the same error on every rank if needed."""
     mine = (payload, registry.fingerprint, registry.name)
     gathered: list[Any] = [None] * mesh.domain_size
-    dist.all_gather_object(gathered, mine, group=mesh.domain_group)
+    dist.all_gather_object(gathered, mine, group=mesh.object_group)
     source_payload = gathered[0][0]
     if isinstance(source_payload, ErrorPayload):
         raise source_payload.to_exception(
@@ -285,6 +286,8 @@ def scatter_features(
     align_lengths: bool = False,
     token_bounds: tuple[int, ...] | None = None,
     method: str = "p2p",
+    map_layout: str = "dense",
+    error: BaseException | None = None,
 ) -> ShardedFeatures:
     """Shard one sample over this rank's domain group; every rank gets ShardTensors.
 
@@ -315,6 +318,17 @@ def scatter_features(
         ``"p2p"`` sends each rank only its own blocks (one message per rank);
         ``"scatter_tensor"`` uses PhysicsNeMo's broadcast-then-chunk per feature where its
         chunking agrees with the plan, and raises where it does not.
+    map_layout : {"dense", "index"}, default "dense"
+        Layout of the one-hot atom<->token maps. ``"dense"`` keeps Boltz's maps, so
+        ``full_tensor()`` is the serial map (in the padded layout); a rank holds
+        ``A_i x N`` elements of ``atom_to_token`` and ``N_i x A`` of each token->atom
+        map. ``"index"`` sends, under the same key, an int64 vector over the map's first
+        axis holding the global padded-layout position of the row's 1 (-1 for none):
+        ``A_i`` and ``N_i`` elements per rank. ``gather_features`` returns dense maps.
+    error : BaseException, optional
+        On the source rank: an exception hit before the scatter (e.g. in the serial fetch).
+        Instead of scattering, it is raised on every rank of the domain group, with its
+        type, message and traceback; ignored on the other ranks.
 
     Returns
     -------
@@ -339,7 +353,9 @@ def scatter_features(
 
     prepared: PreparedSample | None = None
     payload: ScatterMeta | ErrorPayload | None = None
-    if mesh.is_domain_source:
+    if mesh.is_domain_source and error is not None:
+        payload = ErrorPayload.capture(error, mesh.rank)
+    elif mesh.is_domain_source:
         try:
             prepared = prepare_sample(
                 features,
@@ -349,6 +365,7 @@ def scatter_features(
                 atom_multiple=atom_multiple,
                 align_lengths=align_lengths,
                 token_bounds=token_bounds,
+                map_layout=map_layout,
             )
             payload = ScatterMeta(
                 prepared.plan,
@@ -422,6 +439,8 @@ def gather_features(sharded: ShardedFeatures) -> dict[str, Any]:
         value = sharded[f.name]
         full = value.full_tensor() if isinstance(value, ShardTensor) else value
         full = full[0] if meta.batched else full
+        if f.compact_of is not None:
+            full = index_map_to_dense(full, plan.padded_length(spec.axes[1]), f.compact_of)
         if spec.mode != PASSTHROUGH:
             full = plan.from_padded(full, spec.axes)
         if spec.index_of in (ATOMS, TOKENS):

@@ -150,3 +150,16 @@ def test_index_values_are_remapped_into_the_padded_atom_layout(sample):
         padded_pos[prepared.padded["frames_idx"]], sample["ref_pos"][sample["frames_idx"]]
     )
     assert plan.padded_length("atoms") % 32 == 0 or plan.cp[0] > 1
+
+
+def test_dense_and_index_map_layouts_round_trip(sample):
+    from physicsnemo_foldcp.layout import dense_map_to_index, index_map_to_dense
+
+    for name in ("atom_to_token", "token_to_rep_atom", "r_set_to_rep_atom"):
+        dense = sample[name]
+        index = dense_map_to_index(dense)
+        assert index.dtype == torch.int64 and index.shape == dense.shape[:1]
+        rows_with_one = dense.sum(1) > 0
+        assert torch.equal(index[rows_with_one], dense.argmax(1)[rows_with_one])
+        assert bool((index[~rows_with_one] == -1).all())
+        assert torch.equal(index_map_to_dense(index, dense.shape[1], dense.dtype), dense)

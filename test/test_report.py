@@ -55,10 +55,15 @@ def test_report_describes_what_each_rank_holds(fold_mesh, padded):
 
 
 @pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 2, 3), (1, 3, 3)], indirect=True, ids=str)
-def test_audit_is_clean_and_catches_an_unmasked_pad(fold_mesh):
+@pytest.mark.parametrize("map_layout", ["dense", "index"])
+def test_audit_is_clean_and_catches_an_unmasked_pad(fold_mesh, map_layout):
     x = make_complex(29, seed=9, preset="boltz2", msa_rows=7)
     sharded = scatter_features(
-        x if fold_mesh.is_domain_source else None, fold_mesh, token_multiple=8, atom_multiple=32
+        x if fold_mesh.is_domain_source else None,
+        fold_mesh,
+        token_multiple=8,
+        atom_multiple=32,
+        map_layout=map_layout,
     )
     findings = audit_features(sharded)
     collective_assert(findings == [], f"clean sample: {findings}")

@@ -352,3 +352,37 @@ def test_batched_input_dtypes_and_values_pass_through(fold_mesh):
     problems += [] if sharded["record_id"] == "complex-19" else ["record_id"]
     problems += [] if sharded["disto_target"].placements == (Shard(1), Shard(2)) else ["placement"]
     collective_assert(not problems, f"differ: {problems}")
+
+
+@pytest.mark.parametrize(
+    "fold_mesh", [(2, 1, 2), (1, 2, 2), (1, 2, 3), (1, 3, 3)], indirect=True, ids=str
+)
+@pytest.mark.parametrize("padding", PADDINGS, ids=["no-pad", "pad-4-32"])
+def test_compact_map_layout(fold_mesh, padding):
+    x = sample("boltz2", seed=11)
+    source = x if fold_mesh.is_domain_source else None
+    compact = scatter_features(source, fold_mesh, map_layout="index", **padding)
+    dense = scatter_features(source, fold_mesh, **padding)
+    layout = reference_layout(x, fold_mesh.cp[0], **padding)
+    (tok_pos, _), (atom_pos, a_pad) = layout["tokens"], layout["atoms"]
+    problems = []
+    gathered = gather_features(compact)
+    problems += [k for k in x if not torch.equal(gathered[k], x[k])]
+    # atom_to_token as an index: the padded token position of each atom, -1 for pads.
+    owner = x["atom_to_token"].argmax(1)
+    has_token = x["atom_to_token"].sum(1) > 0
+    expected = torch.full((a_pad,), -1, dtype=torch.long)
+    expected[atom_pos[has_token]] = tok_pos[owner[has_token]]
+    if not torch.equal(compact["atom_to_token"].full_tensor(), expected):
+        problems.append("atom_to_token index != padded token positions")
+    rep = x["token_to_rep_atom"]
+    expected_rep = torch.full((compact["token_to_rep_atom"].shape[0],), -1, dtype=torch.long)
+    has_rep = rep.sum(1) > 0
+    expected_rep[tok_pos[has_rep]] = atom_pos[rep.argmax(1)[has_rep]]
+    if not torch.equal(compact["token_to_rep_atom"].full_tensor(), expected_rep):
+        problems.append("token_to_rep_atom index != padded atom positions")
+    for name in ("atom_to_token", "token_to_rep_atom", "r_set_to_rep_atom"):
+        c, d = compact[name].to_local(), dense[name].to_local()
+        if c.numel() * c.element_size() >= d.numel() * d.element_size() or c.dtype != torch.long:
+            problems.append(f"{name}: compact {tuple(c.shape)} {c.dtype} vs dense {tuple(d.shape)}")
+    collective_assert(not problems, "; ".join(map(str, problems[:6])))

@@ -175,6 +175,25 @@ def register_shard_tensor_ops() -> None:
     _custom_ops_registered = True
 
 
+def _object_group(global_mesh, domain_group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """A gloo mirror of this rank's domain group when the backend is not gloo.
+
+    Every rank creates the mirror of every domain group (``new_group`` is collective over
+    the world), in ddp order, and keeps its own.
+    """
+    if dist.get_backend() == "gloo":
+        return domain_group
+    mine = None
+    rank = dist.get_rank()
+    for d in range(global_mesh.shape[0]):
+        ranks = [int(r) for r in global_mesh.mesh[d].flatten().tolist()]
+        group = dist.new_group(ranks, backend="gloo")
+        if rank in ranks:
+            mine = group
+    assert mine is not None
+    return mine
+
+
 def init_mesh(
     ddp: int = -1,
     cp: Sequence[int] = (1, 1),
@@ -240,12 +259,13 @@ def init_mesh(
         with _bounded_group_creation(timeout):
             global_mesh = manager.initialize_mesh(shape, MESH_DIM_NAMES)
             domain_group = manager.get_mesh_group(global_mesh["cp0", "cp1"])
+            object_group = _object_group(global_mesh, domain_group)
     except Exception as err:
         raise RuntimeError(
             f"could not build the ddp x cp0 x cp1 = {shape[0]} x {shape[1]} x {shape[2]} "
             f"mesh on {manager.world_size} ranks (backend {dist.get_backend()}): {err}"
         ) from err
-    fold_mesh = FoldMesh(mesh=global_mesh, domain_group=domain_group, timeout=timeout)
+    fold_mesh = FoldMesh(global_mesh, domain_group, timeout, object_group)
     _meshes[shape] = fold_mesh
     if fold_mesh.rank == 0:
         logger.info("%s", fold_mesh.describe())

@@ -30,11 +30,16 @@ class FoldMesh:
         rank at domain coordinate ``(r // cp1, r % cp1)``.
     timeout : datetime.timedelta
         Bound on every collective wait of the process groups behind this mesh.
+    object_group : torch.distributed.ProcessGroup
+        Group for object collectives (metadata, errors) over the same ranks as
+        ``domain_group``: a gloo mirror when the device backend is NCCL, so pickled
+        objects never touch the GPU; ``domain_group`` itself on gloo.
     """
 
     mesh: DeviceMesh
     domain_group: dist.ProcessGroup
     timeout: timedelta
+    object_group: dist.ProcessGroup
 
     @property
     def shape(self) -> tuple[int, int, int]:

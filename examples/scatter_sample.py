@@ -1,0 +1,56 @@
+"""Scatter one synthetic Boltz complex over the mesh, check it, and print the sharding report.
+
+    python examples/scatter_sample.py                                   # 1 process, 1x1
+    torchrun --standalone --nproc-per-node 4 examples/scatter_sample.py mesh.cp=[2,2]
+    torchrun --standalone --nproc-per-node 6 examples/scatter_sample.py mesh.cp=[2,3] \
+        registry=boltz1 sample.n_tokens=512 scatter.atom_multiple=32
+"""
+
+import logging
+import warnings
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import physicsnemo_foldcp as fc
+from physicsnemo_foldcp.data.synthetic import make_complex
+from physicsnemo_foldcp.report import audit_features, sharding_report
+from physicsnemo_foldcp.testing import collective_assert
+
+warnings.filterwarnings("ignore", message=".*all_gather_tensor.* is deprecated")
+
+
+@hydra.main(config_path="../conf", config_name="scatter", version_base=None)
+def main(cfg: DictConfig) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    mesh = fc.init_mesh(ddp=cfg.mesh.ddp, cp=tuple(cfg.mesh.cp), timeout_s=cfg.mesh.timeout_s)
+    registry = fc.FeatureRegistry.from_config(OmegaConf.to_container(cfg.registry))
+    sample = None
+    if mesh.is_domain_source:
+        sample = make_complex(
+            cfg.sample.n_tokens,
+            seed=cfg.sample.seed + mesh.ddp_rank,
+            preset=registry.name if registry.name in ("boltz1", "boltz2") else "boltz2",
+            msa_rows=cfg.sample.msa_rows,
+            n_conformers=cfg.sample.n_conformers,
+        )
+    sharded = fc.scatter_features(sample, mesh, registry=registry, **cfg.scatter)
+    report = sharding_report(sharded)
+    findings = audit_features(sharded)
+    gathered = fc.gather_features(sharded)
+    exact = sample is None or all(torch.equal(gathered[k], v) for k, v in sample.items())
+    collective_assert(exact, "gather_features(scatter_features(x)) != x")
+    if mesh.rank == 0:
+        if cfg.report:
+            print(report.format())
+        print(f"audit: {'clean' if not findings else findings}")
+        print(
+            f"scatter of {len(sharded)} features: {sharded.stats.seconds * 1e3:.1f} ms on rank 0; "
+            "gather_features(scatter_features(x)) == x on every rank"
+        )
+    fc.shutdown()
+
+
+if __name__ == "__main__":
+    main()
