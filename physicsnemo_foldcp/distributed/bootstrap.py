@@ -40,7 +40,8 @@ DEFAULT_TIMEOUT_S = 600.0
 
 _LAUNCHER_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 
-_meshes: dict[tuple[int, int, int], FoldMesh] = {}
+_meshes: dict[tuple[tuple[int, int, int], float], FoldMesh] = {}
+_job_timeout: timedelta | None = None
 _custom_ops_registered = False
 
 
@@ -216,9 +217,11 @@ def init_mesh(
         ``(cp0, cp1)``: the 2-D context-parallel mesh of each domain group. One of the
         three sizes may be -1.
     timeout_s : float, optional
-        Bound, in seconds, on every collective wait of the groups created here. Defaults
-        to ``FOLDCP_TIMEOUT_S`` or :data:`DEFAULT_TIMEOUT_S`. Only the first call, which
-        starts the job, sets the default group's timeout.
+        Bound, in seconds, on every collective wait of the groups created for this mesh.
+        The first call, which starts the job, also sets it for the default group and as
+        the job's timeout, used by later calls without ``timeout_s``. Defaults to
+        ``FOLDCP_TIMEOUT_S`` or :data:`DEFAULT_TIMEOUT_S`. A mesh of the same shape with
+        another timeout is a separate mesh with its own groups.
 
     Returns
     -------
@@ -234,7 +237,11 @@ def init_mesh(
     RuntimeError
         If the process group or the mesh cannot be created.
     """
-    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else default_timeout()
+    global _job_timeout
+    if timeout_s is not None:
+        timeout = timedelta(seconds=timeout_s)
+    else:
+        timeout = _job_timeout if _job_timeout is not None else default_timeout()
     if timeout.total_seconds() <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     cp = tuple(cp) if not isinstance(cp, (str, bytes)) and hasattr(cp, "__iter__") else cp
@@ -243,6 +250,7 @@ def init_mesh(
         _ensure_single_process_env()
         with _bounded_group_creation(timeout):
             DistributedManager.initialize()
+        _job_timeout = timeout
     manager = DistributedManager()
     if not manager.distributed or not dist.is_initialized():
         raise RuntimeError(
@@ -253,8 +261,9 @@ def init_mesh(
     register_shard_tensor_ops()
 
     shape = resolve_mesh_shape(ddp, cp, manager.world_size)
-    if shape in _meshes:
-        return _meshes[shape]
+    key = (shape, timeout.total_seconds())
+    if key in _meshes:
+        return _meshes[key]
     try:
         with _bounded_group_creation(timeout):
             global_mesh = manager.initialize_mesh(shape, MESH_DIM_NAMES)
@@ -266,7 +275,7 @@ def init_mesh(
             f"mesh on {manager.world_size} ranks (backend {dist.get_backend()}): {err}"
         ) from err
     fold_mesh = FoldMesh(global_mesh, domain_group, timeout, object_group)
-    _meshes[shape] = fold_mesh
+    _meshes[key] = fold_mesh
     if fold_mesh.rank == 0:
         logger.info("%s", fold_mesh.describe())
     return fold_mesh
@@ -277,5 +286,7 @@ def shutdown() -> None:
 
     Safe to call more than once, and when nothing was initialized.
     """
+    global _job_timeout
     _meshes.clear()
+    _job_timeout = None
     DistributedManager.cleanup()
