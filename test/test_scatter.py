@@ -291,7 +291,58 @@ BAD_INPUTS = {
         r"batch size 2 per domain group",
     ),
     "features None": (lambda x: None, FeatureValidationError, r"passed features=None"),
+    "pair not square": (
+        lambda x: _with(x, token_bonds=x["token_bonds"][:, :-1]),
+        FeatureValidationError,
+        r"pair feature 'token_bonds' is not square: .* 13 and 12",
+    ),
+    "atom lengths differ": (
+        lambda x: _with(x, ref_pos=x["ref_pos"][:-2]),
+        FeatureValidationError,
+        r"the atoms axes of the features have different lengths",
+    ),
+    "atoms of a token not contiguous": (
+        lambda x: _with(
+            x,
+            atom_to_token=x["atom_to_token"][
+                [0, 1, 2, -1] + list(range(3, len(x["atom_to_token"]) - 1))
+            ],
+        ),
+        FeatureValidationError,
+        r"the atoms of each token must be contiguous and in token order",
+    ),
+    "index out of range": (
+        lambda x: _with(x, frames_idx=x["frames_idx"] + len(x["ref_pos"])),
+        FeatureValidationError,
+        r"'frames_idx' holds atoms indices, but value \d+ is out of range",
+    ),
+    "index feature with float dtype": (
+        lambda x: _with(x, chiral_atom_index=x["chiral_atom_index"].float()),
+        FeatureValidationError,
+        r"'chiral_atom_index' has dtype float32; the registry accepts int64, int32",
+    ),
+    "wrong number of dims": (
+        lambda x: _with(x, msa=x["msa"][0]),
+        FeatureValidationError,
+        r"feature 'msa' has shape \(13,\), but its registry axes",
+    ),
 }
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 2, 3), (1, 3, 3)], indirect=True, ids=str)
+def test_non_contiguous_and_strided_inputs_are_sent_exactly(fold_mesh):
+    """Views (transposed, sliced, expanded) are accepted and arrive with their values."""
+    x = sample("boltz2", seed=4, n_tokens=17)
+    x["disto_coords_ensemble"] = (
+        x["disto_coords_ensemble"].permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    )
+    x["ref_pos"] = torch.cat([x["ref_pos"], x["ref_pos"]], 1)[:, ::2]
+    x["token_bonds"] = x["token_bonds"][:, :, :1].expand(-1, -1, 1)
+    assert not x["disto_coords_ensemble"].is_contiguous() and not x["ref_pos"].is_contiguous()
+    sharded = scatter_features(x if fold_mesh.is_domain_source else None, fold_mesh)
+    gathered = gather_features(sharded)
+    differ = [k for k in x if not torch.equal(gathered[k], x[k])]
+    collective_assert(not differ, f"differ: {differ}")
 
 
 @pytest.mark.parametrize(
