@@ -1,1 +1,57 @@
-"""Data: synthetic Boltz feature dicts and the data pipeline for context parallelism."""
+"""Data: synthetic Boltz feature dicts and the data pipeline for context parallelism.
+
+* :mod:`~physicsnemo_foldcp.data.sampling`: which dataset index each domain group takes
+  per step (shuffled training epochs; every index once for inference).
+* :mod:`~physicsnemo_foldcp.data.loader`: :class:`ShardedLoader`, a serial dataset in,
+  ShardTensor samples out, with cross-rank error propagation.
+* :mod:`~physicsnemo_foldcp.data.datamodule`: :class:`FoldCPDataModule`, Lightning's
+  method names without the dependency.
+* :mod:`~physicsnemo_foldcp.data.files`: feature dicts stored one per ``.pt`` / ``.npz``.
+* :mod:`~physicsnemo_foldcp.data.synthetic`: realistic synthetic Boltz-1/2 samples.
+"""
+
+from physicsnemo_foldcp.data.datamodule import FoldCPDataModule
+from physicsnemo_foldcp.data.files import (
+    FeatureFileDataset,
+    FeatureFileError,
+    list_sample_files,
+    load_sample,
+    save_sample,
+    validate_sample,
+)
+from physicsnemo_foldcp.data.loader import (
+    LoaderConfigError,
+    SerialLoaderError,
+    ShardedLoader,
+    ShardedSample,
+    SkipLimitError,
+    SkippedSample,
+)
+from physicsnemo_foldcp.data.sampling import (
+    EpochSampler,
+    InferenceOrder,
+    Step,
+    TrainingOrder,
+)
+from physicsnemo_foldcp.data.synthetic import make_complex
+
+__all__ = [
+    "EpochSampler",
+    "FeatureFileDataset",
+    "FeatureFileError",
+    "FoldCPDataModule",
+    "InferenceOrder",
+    "LoaderConfigError",
+    "SerialLoaderError",
+    "ShardedLoader",
+    "ShardedSample",
+    "SkipLimitError",
+    "SkippedSample",
+    "Step",
+    "TrainingOrder",
+    "list_sample_files",
+    "load_sample",
+    "make_complex",
+    "save_sample",
+    "validate_sample",
+]
