@@ -1,9 +1,12 @@
 """Context parallelism for AlphaFold3-style structure models on PhysicsNeMo ShardTensor.
 
 One complex's token, atom, MSA and pair features are sharded over a 2-D ``(cp0, cp1)``
-mesh of ranks; the serial featurizer and model stay as they are.
+mesh of ranks; the serial featurizer and model stay as they are. Importing the package
+registers the ShardTensor handlers of the cross-axis ops (:mod:`physicsnemo_foldcp.ops`).
 """
 
+from physicsnemo_foldcp import ops
+from physicsnemo_foldcp.data import FoldCPDataModule, ShardedLoader, ShardedSample
 from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown
 from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec
 from physicsnemo_foldcp.scatter import ShardedFeatures, gather_features, scatter_features
@@ -12,6 +15,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FeatureRegistry",
+    "FoldCPDataModule",
+    "ShardedLoader",
+    "ShardedSample",
+    "ops",
     "FeatureSpec",
     "FoldMesh",
     "ShardedFeatures",

@@ -334,6 +334,7 @@ def scatter_features(
     -------
     ShardedFeatures
         Name -> ``ShardTensor`` at the registry's placements over ``mesh.domain_mesh``
+        (the one-hot maps tagged, see :func:`physicsnemo_foldcp.ops.tag_maps`)
         (``passthrough`` features as plain tensors, non-tensor values as given), with the
         plan, metadata and transfer statistics attached. Dtypes are preserved; a leading
         batch axis of 1 is kept.
@@ -405,6 +406,11 @@ def scatter_features(
         stats.local_bytes += local.numel() * local.element_size()
     out.update(meta.values)
     out.plan, out.meta, out.registry, out.mesh = meta.plan, meta, registry, mesh
+    # Tag the atom<->token maps so Boltz's bmm forms on them run on local blocks; the
+    # source validated the maps, so no further (collective) check is needed here.
+    from physicsnemo_foldcp.ops.maps import tag_maps
+
+    tag_maps(out, check=False)
     stats.seconds = time.perf_counter() - start
     out.stats = stats
     return out

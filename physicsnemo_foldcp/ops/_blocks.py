@@ -1,0 +1,364 @@
+"""Local blocks of co-sharded ShardTensors: layout checks, block offsets, wrapping, collectives.
+
+Every op handler of this package works on the local blocks of ShardTensors over the 2-D
+``(cp0, cp1)`` domain mesh. The conventions it relies on, shared with the scatter:
+
+* a *single* (token, atom or r-set leading feature ``[B, L, ...]``) is ``(Shard(d),
+  Replicate())``: row block ``i`` of its length lives on the ranks ``(i, *)``;
+* a *pair tile* ``[B, N, M, ...]`` is ``(Shard(d), Shard(d + 1))``: rank ``(i, j)`` holds
+  the rows of row block ``i`` and the columns of column block ``j``. Column blocks are the
+  row blocks when ``cp0 == cp1``, otherwise the padded length split into ``cp1`` blocks
+  that differ by at most one (:meth:`physicsnemo_foldcp.plan.ShardingPlan.column_sizes`).
+
+Collectives go through ``torch.distributed._functional_collectives`` on a
+``(mesh, mesh_dim)`` group, so ``CommDebugMode`` counts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from physicsnemo.domain_parallel import ShardTensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
+
+from physicsnemo_foldcp.plan import split_sizes
+
+ROWS = 0
+"""Mesh dim of the token row blocks (``cp0``)."""
+COLUMNS = 1
+"""Mesh dim of the token column blocks (``cp1``)."""
+
+
+class ShardingLayoutError(ValueError):
+    """An op's operand is not laid out as the op needs (type, placements, shapes, blocks)."""
+
+
+class MapLayoutError(ShardingLayoutError):
+    """An atom<->token map has entries outside the block of the rank that holds its row."""
+
+
+def rank_label(mesh: DeviceMesh) -> str:
+    """``"global rank r at (cp0, cp1) = (i, j)"`` for messages."""
+    coordinate = mesh.get_coordinate()
+    where = f" at (cp0, cp1) = {tuple(coordinate)}" if coordinate is not None else ""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return f"global rank {rank}{where}"
+
+
+def describe(x: object) -> str:
+    """Type, global shape and placements of an operand, for messages."""
+    if isinstance(x, (ShardTensor, DTensor)):
+        return (
+            f"{type(x).__name__} of global shape {tuple(x.shape)}, placements "
+            f"{tuple(x.placements)}, local shape {tuple(x._local_tensor.shape)}"
+        )
+    if isinstance(x, torch.Tensor):
+        return f"plain tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
+def require_shard_tensor(x: object, op: str, arg: str) -> ShardTensor:
+    """Return ``x`` if it is a ShardTensor over a 2-D mesh; raise a clear error otherwise."""
+    if not isinstance(x, ShardTensor):
+        hint = (
+            " (a plain tensor meeting a ShardTensor is promoted to a Replicate DTensor: "
+            "scatter it, or build it with ShardTensor.from_local at the registry's placements)"
+            if isinstance(x, (DTensor, torch.Tensor))
+            else ""
+        )
+        raise ShardingLayoutError(f"{op}: {arg} must be a ShardTensor, got {describe(x)}{hint}")
+    if x.device_mesh.ndim != 2:
+        raise ShardingLayoutError(
+            f"{op}: {arg} lives on a {x.device_mesh.ndim}-D mesh; the ops need the 2-D "
+            f"(cp0, cp1) domain mesh (FoldMesh.domain_mesh), got {describe(x)}"
+        )
+    if x._spec._sharding_shapes is None:
+        raise ShardingLayoutError(
+            f"{op}: {arg} carries no sharding shapes; build it with explicit sharding_shapes"
+        )
+    return x
+
+
+def row_dim(x: ShardTensor, op: str, arg: str, expected: int | None = None) -> int:
+    """Tensor dim of ``x`` split over ``cp0``; ``x`` must be ``(Shard(d), Replicate())``.
+
+    Parameters
+    ----------
+    x : ShardTensor
+        A single: rows over ``cp0``, replicated over ``cp1``.
+    op, arg : str
+        Names for the error message.
+    expected : int, optional
+        The dim ``d`` the op needs.
+
+    Raises
+    ------
+    ShardingLayoutError
+        If the placements are not ``(Shard(d), Replicate())`` (with ``d == expected``).
+    """
+    rows, columns = x.placements
+    if (
+        not isinstance(rows, Shard)
+        or not isinstance(columns, Replicate)
+        or (expected is not None and rows.dim != expected)
+    ):
+        need = (
+            f"(Shard({expected}), Replicate())"
+            if expected is not None
+            else "(Shard(d), Replicate())"
+        )
+        raise ShardingLayoutError(
+            f"{op}: {arg} must be sharded {need} over (cp0, cp1) like a scattered "
+            f"token/atom feature, got {describe(x)} on {rank_label(x.device_mesh)}"
+        )
+    return rows.dim
+
+
+def mesh_sizes(x: ShardTensor, mesh_dim: int, dim: int) -> list[int]:
+    """Local lengths of tensor dim ``dim`` on the ranks along ``mesh_dim``."""
+    shapes = x._spec._sharding_shapes[mesh_dim]
+    return [int(s[dim]) for s in shapes]
+
+
+def block(sizes: Sequence[int], index: int) -> tuple[int, int]:
+    """``(start, length)`` of block ``index`` of consecutive blocks of ``sizes``."""
+    return int(sum(sizes[:index])), int(sizes[index])
+
+
+def column_sizes(row_sizes: Sequence[int], cp1: int) -> list[int]:
+    """Column blocks of a pair tile (the plan's rule): the row blocks when ``cp0 == cp1``."""
+    if cp1 == len(row_sizes):
+        return [int(s) for s in row_sizes]
+    return split_sizes(int(sum(row_sizes)), cp1)
+
+
+def coordinate(mesh: DeviceMesh) -> tuple[int, int]:
+    """This rank's ``(i, j)`` on the 2-D domain mesh."""
+    i, j = mesh.get_coordinate()
+    return int(i), int(j)
+
+
+def local_of(x: ShardTensor) -> torch.Tensor:
+    """The local block, differentiable when ``x`` requires grad (no communication)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return x.to_local()
+    return x._local_tensor
+
+
+def row_shapes(
+    local_shape: Sequence[int], dim: int, sizes: Sequence[int]
+) -> dict[int, list[tuple[int, ...]]]:
+    """Sharding shapes of a ``(Shard(dim), Replicate())`` tensor with row lengths ``sizes``."""
+    out = []
+    for size in sizes:
+        shape = list(local_shape)
+        shape[dim] = int(size)
+        out.append(tuple(shape))
+    return {ROWS: out}
+
+
+def tile_shapes(
+    local_shape: Sequence[int],
+    dim: int,
+    row_sizes: Sequence[int],
+    col_sizes: Sequence[int],
+    here: tuple[int, int],
+) -> dict[int, list[tuple[int, ...]]]:
+    """Sharding shapes of a ``(Shard(dim), Shard(dim + 1))`` tile on rank ``here``."""
+
+    def shape(n: int, m: int) -> tuple[int, ...]:
+        out = list(local_shape)
+        out[dim], out[dim + 1] = int(n), int(m)
+        return tuple(out)
+
+    i, j = here
+    return {
+        ROWS: [shape(n, col_sizes[j]) for n in row_sizes],
+        COLUMNS: [shape(row_sizes[i], m) for m in col_sizes],
+    }
+
+
+def wrap(
+    local: torch.Tensor,
+    mesh: DeviceMesh,
+    placements: Sequence[Placement],
+    shapes: dict[int, list[tuple[int, ...]]],
+) -> ShardTensor:
+    """``ShardTensor.from_local`` with explicit sharding shapes (differentiable, no comm)."""
+    return ShardTensor.from_local(local, mesh, tuple(placements), sharding_shapes=shapes)
+
+
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+
+
+def _waited(t: torch.Tensor) -> torch.Tensor:
+    if isinstance(t, funcol.AsyncCollectiveTensor):
+        return t.wait()
+    return t
+
+
+def gather_rows(
+    local: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh
+) -> torch.Tensor:
+    """All-gather uneven row blocks over ``cp0``: ONE ``all_gather_into_tensor``.
+
+    Each block is padded to the largest along ``dim``, gathered, then unpadded.
+
+    Parameters
+    ----------
+    local : torch.Tensor
+        This rank's row block (length ``sizes[i]`` along ``dim``).
+    dim : int
+        Row dim.
+    sizes : sequence of int
+        Row lengths of the ``cp0`` blocks.
+    mesh : DeviceMesh
+        The 2-D domain mesh.
+
+    Returns
+    -------
+    torch.Tensor
+        The full length ``sum(sizes)`` along ``dim``, identical on the ranks of a column.
+    """
+    if len(sizes) == 1:
+        return local
+    widest = max(sizes)
+    padded = local
+    if local.shape[dim] < widest:
+        pad_shape = list(local.shape)
+        pad_shape[dim] = widest - local.shape[dim]
+        padded = torch.cat([local, local.new_zeros(pad_shape)], dim=dim)
+    gathered = _waited(_all_gather(padded.contiguous(), dim, (mesh, ROWS)))
+    pieces = [gathered.narrow(dim, r * widest, n) for r, n in enumerate(sizes)]
+    return torch.cat(pieces, dim=dim)
+
+
+def reduce_scatter_rows(
+    full: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh
+) -> torch.Tensor:
+    """Adjoint of :func:`gather_rows`: ONE ``reduce_scatter_tensor`` over ``cp0``.
+
+    Parameters
+    ----------
+    full : torch.Tensor
+        A full-length (``sum(sizes)`` along ``dim``) contribution on every rank.
+    dim : int
+        Row dim.
+    sizes : sequence of int
+        Row lengths of the ``cp0`` blocks.
+    mesh : DeviceMesh
+        The 2-D domain mesh.
+
+    Returns
+    -------
+    torch.Tensor
+        This rank's row block of the sum of the contributions over ``cp0``.
+    """
+    i = mesh.get_coordinate()[ROWS]
+    if len(sizes) == 1:
+        return full
+    widest = max(sizes)
+    pieces = []
+    for r, n in enumerate(sizes):
+        piece = full.narrow(dim, sum(sizes[:r]), n)
+        if n < widest:
+            pad_shape = list(piece.shape)
+            pad_shape[dim] = widest - n
+            piece = torch.cat([piece, piece.new_zeros(pad_shape)], dim=dim)
+        pieces.append(piece)
+    stacked = torch.cat(pieces, dim=dim).contiguous()
+    mine = _waited(_reduce_scatter(stacked, "sum", dim, (mesh, ROWS)))
+    return mine.narrow(dim, 0, sizes[i])
+
+
+def all_reduce(t: torch.Tensor, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
+    """Sum over the ranks along ``mesh_dim``: ONE ``all_reduce`` (none when the dim is 1)."""
+    if mesh.size(mesh_dim) == 1:
+        return t
+    return _waited(funcol.all_reduce(t.contiguous(), "sum", (mesh, mesh_dim)))
+
+
+class RowsAndColumns(torch.autograd.Function):
+    """The operands of a pair tile: row block ``i`` of a single, column block ``j`` of another.
+
+    Both singles ``[B, L, F]`` are ``(Shard(1), Replicate())``. On rank ``(i, j)``:
+
+    * forward: the row operand is used as is (no communication); the column operand's row
+      blocks are all-gathered over ``cp0`` (ONE ``all_gather_into_tensor`` of ``O(L x F)``,
+      none when ``cp0 == 1``) and column block ``j`` is cut out;
+    * backward: the column gradient is placed at block ``j`` of a full-length buffer and
+      reduce-scattered over ``cp0`` (ONE ``reduce_scatter_tensor``, none when ``cp0 == 1``);
+      then the row and column gradients, partial sums over the tiles of a row of the mesh,
+      are summed over ``cp1`` together (ONE ``all_reduce`` of both, none when ``cp1 == 1``),
+      so each single receives its complete ``(Shard(1), Replicate())`` gradient.
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        rows: torch.Tensor,
+        columns: torch.Tensor,
+        mesh: DeviceMesh,
+        column_row_sizes: tuple[int, ...],
+        column_block: tuple[int, int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.mesh = mesh
+        ctx.column_row_sizes = column_row_sizes
+        ctx.column_block = column_block
+        full = gather_rows(columns, 1, column_row_sizes, mesh)
+        start, length = column_block
+        return rows.view_as(rows), full.narrow(1, start, length).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad_rows: torch.Tensor | None, grad_columns: torch.Tensor | None):
+        mesh = ctx.mesh
+        sizes = ctx.column_row_sizes
+        need_rows, need_columns = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        parts: list[torch.Tensor] = []
+        if need_rows:
+            parts.append(grad_rows.contiguous())
+        if need_columns:
+            start, length = ctx.column_block
+            shape = list(grad_columns.shape)
+            shape[1] = sum(sizes)
+            full = grad_columns.new_zeros(shape)
+            full.narrow(1, start, length).copy_(grad_columns)
+            parts.append(reduce_scatter_rows(full, 1, sizes, mesh).contiguous())
+        if not parts:
+            return None, None, None, None, None
+        flat = torch.cat([p.reshape(-1) for p in parts])
+        flat = all_reduce(flat, mesh, COLUMNS)
+        out, offset = [], 0
+        for p in parts:
+            out.append(flat.narrow(0, offset, p.numel()).view(p.shape))
+            offset += p.numel()
+        grads = iter(out)
+        g_rows = next(grads) if need_rows else None
+        g_columns = next(grads) if need_columns else None
+        return g_rows, g_columns, None, None, None
+
+
+class SumToReplicate(torch.autograd.Function):
+    """Sum a local partial value over mesh dims; the result is the same on every rank.
+
+    Forward: ONE ``all_reduce`` per mesh dim in ``mesh_dims`` (of size > 1). Backward: the
+    identity, because every rank's output is the one global value and every rank receives
+    the one global gradient of it.
+    """
+
+    @staticmethod
+    def forward(ctx, partial: torch.Tensor, mesh: DeviceMesh, mesh_dims: tuple[int, ...]):
+        out = partial
+        for mesh_dim in mesh_dims:
+            out = all_reduce(out, mesh, mesh_dim)
+        return out.clone() if out is partial else out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None, None

@@ -1,0 +1,556 @@
+"""Scattered atom<->token maps in Boltz's own code: ``torch.bmm`` / ``matmul`` / ``einsum``.
+
+:func:`tag_maps` marks the one-hot maps of a scattered sample (``atom_to_token``,
+``token_to_rep_atom``, ``token_to_center_atom``, ``r_set_to_rep_atom``, dense or index
+layout) with a :class:`~physicsnemo_foldcp.ops.tags.MapTag`. With the tag, Boltz's serial
+expressions run on the local co-sharded blocks, with **no communication** in forward or
+backward (``a2t`` is ``atom_to_token``, ``t2r`` is ``token_to_rep_atom``):
+
+* ``torch.bmm(a2t, s)``, ``torch.matmul(a2t, s)``, ``a2t @ s``, ``a2t.bmm(s)``: the
+  :func:`~physicsnemo_foldcp.ops.tokens_to_atoms` computation;
+* ``torch.bmm(t2r, x)`` (also the center-atom and r-set maps): the
+  :func:`~physicsnemo_foldcp.ops.representative_atoms` computation;
+* ``torch.bmm((a2t / (a2t.sum(1, keepdim=True) + eps)).transpose(1, 2), q)``: the
+  :func:`~physicsnemo_foldcp.ops.atoms_to_tokens_mean` computation;
+* ``torch.einsum`` with two operands, one of them a map, contracting either map axis with
+  the row axis of the other: ``"bat,btc->bac"``, ``"bat,bac->btc"``, ``"bta,btc->bac"``
+  (any letters; unbatched ``"at,tc->ac"``);
+* ``torch.mm`` / ``torch.matmul`` of unbatched 2-D maps.
+
+The right operand must be a ShardTensor ``(Shard(1), Replicate())`` whose row blocks are
+the blocks of the contracted map axis (what the scatter gives every token/atom feature).
+
+The tag survives, computed locally: dtype casts (``.float()``, ``.to(dtype)``),
+``detach``, ``clone``, ``contiguous``; swapping the map's two axes (``transpose``,
+``swapaxes``, ``permute``, ``.mT``, ``.t()``, ``.T``); multiplying or dividing by a number
+or by a tensor that broadcasts over the map and is replicated, or row-sharded like the map
+axis it spans (Boltz's normalization). ``map.sum(dim)`` over either map axis is local too
+and returns the sums row-sharded ``(Shard, Replicate)``, not ``Partial``.
+
+Refused with :class:`~physicsnemo_foldcp.ops.ShardingLayoutError` instead of silently
+all-gathering: a right operand laid out otherwise; the map as the right operand; an index
+map in a product; a map that requires grad; and a product with a tensor derived from a map
+by an op the plugin cannot follow (``view``, ``reshape``, indexing, ``+``), e.g. Boltz's
+windowed ``einsum("bijd,bwki,bwlj->bwkld", z, a2t_queries, a2t_keys)``. Every other use of
+a map keeps PhysicsNeMo's default behaviour, and an untagged map is an ordinary ShardTensor.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from physicsnemo.domain_parallel import ShardTensor
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Replicate, Shard
+
+from physicsnemo_foldcp.features.spec import LAYOUT_AXES
+from physicsnemo_foldcp.ops._blocks import (
+    COLUMNS,
+    ROWS,
+    MapLayoutError,
+    ShardingLayoutError,
+    coordinate,
+    describe,
+    local_of,
+    mesh_sizes,
+    row_shapes,
+    wrap,
+)
+from physicsnemo_foldcp.ops._dispatch import register_chained
+from physicsnemo_foldcp.ops.atom_token import (
+    contract_columns,
+    contract_rows,
+    dense_block_problem,
+    index_block_problem,
+)
+from physicsnemo_foldcp.ops.tags import (
+    MapTag,
+    global_shape,
+    map_tag,
+    register_after,
+    register_rule,
+    tag_of,
+    tagged,
+)
+
+SUPPORTED_FORMS = (
+    "torch.bmm / torch.matmul / torch.mm / Tensor.bmm / @ with the map as LEFT operand and "
+    "a row-sharded right operand (contracting either map axis, e.g. bmm(a2t, s), "
+    "bmm(t2r, x), bmm(a2t_normalized.transpose(1, 2), q)); torch.einsum with two operands, "
+    "one of them the map, of the forms 'bij,bjc->bic' / 'bji,bjc->bic' (any letters, or "
+    "unbatched 'ij,jc->ic'); and the functions tokens_to_atoms, atoms_to_tokens_mean, "
+    "representative_atoms"
+)
+"""The map products that run distributed (also listed in this module's docstring)."""
+
+CONTRACTION_FUNCS: tuple[Callable, ...] = (
+    torch.bmm,
+    torch.Tensor.bmm,
+    torch.matmul,
+    torch.Tensor.matmul,
+    torch.Tensor.__matmul__,
+    torch.mm,
+    torch.Tensor.mm,
+    torch.einsum,
+)
+"""Callables whose ShardTensor handlers route products with a tagged map."""
+
+
+def _unsupported(what: str, tag: MapTag | None) -> ShardingLayoutError:
+    name = f"the scattered map {tag.name!r}" if tag is not None else "a scattered map"
+    return ShardingLayoutError(
+        f"{what} is not supported on {name} under context parallelism (it would need other "
+        f"ranks' blocks of the map). Supported: {SUPPORTED_FORMS}"
+    )
+
+
+# -- tagging the scatter's output ------------------------------------------------------------
+
+
+def tag_maps(features: Any, *, check: bool = True) -> Any:
+    """Tag the one-hot maps of a scattered sample so Boltz's ``torch.bmm`` forms run locally.
+
+    Call on every rank of the domain group, right after
+    :func:`physicsnemo_foldcp.scatter_features` (it modifies the dict in place and returns
+    it). Every feature whose registry spec is ``one_hot`` becomes a
+    :class:`~physicsnemo_foldcp.ops.tags.TaggedShardTensor` (same data, same placements).
+
+    Parameters
+    ----------
+    features : ShardedFeatures
+        The scatter's output (needs ``.plan``, ``.registry``, ``.meta`` and ``.mesh``).
+    check : bool, default True
+        Check that every local map block has its entries inside this rank's blocks and
+        that its shapes agree with the plan. The outcome is shared over the domain group
+        (one object all-gather), so every rank raises the same error.
+
+    Returns
+    -------
+    ShardedFeatures
+        ``features``, with its maps tagged.
+
+    Raises
+    ------
+    MapLayoutError
+        On every rank of the domain group, when a map has an entry outside the rank's
+        block or a shape that disagrees with the plan (message names the feature, the
+        rank and the index).
+    """
+    plan, registry, mesh = features.plan, features.registry, features.mesh
+    batch = 1 if features.meta.batched else 0
+    problems: list[str] = []
+    for name in sorted(features):
+        if name not in registry:
+            continue
+        spec = registry[name]
+        value = features[name]
+        if not spec.one_hot or not isinstance(value, ShardTensor):
+            continue
+        rows_axis, columns_axis = spec.axes
+        if rows_axis not in LAYOUT_AXES or columns_axis not in LAYOUT_AXES:
+            continue
+        shape = global_shape(value)
+        layout = "dense" if len(shape) == batch + 2 else "index"
+        tag = MapTag(
+            name=name,
+            axes=(rows_axis, columns_axis),
+            layout=layout,
+            sharded_dim=batch,
+            block_dim=batch + 1 if layout == "dense" else None,
+            block_sizes=tuple(plan.row_sizes(columns_axis)),
+            checked=check,
+        )
+        if check:
+            problem = _check_tag(value, tag, plan)
+            if problem:
+                problems.append(problem)
+        tagged(value, tag)
+    if check:
+        _raise_collectively(problems, mesh)
+    return features
+
+
+def _check_tag(value: ShardTensor, tag: MapTag, plan: Any) -> str | None:
+    shape = global_shape(value)
+    rows = plan.padded_length(tag.axes[0])
+    columns = plan.padded_length(tag.axes[1])
+    if shape[tag.sharded_dim] != rows or (
+        tag.layout == "dense" and shape[tag.block_dim] != columns
+    ):
+        return (
+            f"{tag.name}: global shape {tuple(shape)} disagrees with the plan: "
+            f"{rows} {tag.axes[0]} x {columns} {tag.axes[1]} (padded layout)"
+        )
+    placements = tuple(value.placements)
+    if placements != (Shard(tag.sharded_dim), Replicate()):
+        return (
+            f"{tag.name}: placements {placements}, expected (Shard({tag.sharded_dim}), Replicate())"
+        )
+    sizes, planned = mesh_sizes(value, ROWS, tag.sharded_dim), list(plan.row_sizes(tag.axes[0]))
+    if sizes != planned:
+        return f"{tag.name}: cp0 row blocks {sizes} disagree with the plan's {planned}"
+    i, _ = coordinate(value.device_mesh)
+    start, length = tag.column_block(i)
+    local = value._local_tensor
+    if tag.layout == "dense":
+        return dense_block_problem(local, tag.block_dim, start, length, tag.name)
+    return index_block_problem(local, start, length, tag.name)
+
+
+def _raise_collectively(problems: list[str], mesh: Any) -> None:
+    mine = "; ".join(problems) if problems else None
+    if not dist.is_initialized() or mesh.domain_size == 1:
+        gathered = [mine]
+    else:
+        gathered = [None] * mesh.domain_size
+        dist.all_gather_object(gathered, mine, group=mesh.object_group)
+    failures = {r: msg for r, msg in enumerate(gathered) if msg}
+    if failures:
+        cp1 = mesh.cp[1]
+        listing = "; ".join(
+            f"rank {mesh.domain_global_rank(r // cp1, r % cp1)} (cp0, cp1) = "
+            f"({r // cp1}, {r % cp1}): {msg}"
+            for r, msg in failures.items()
+        )
+        raise MapLayoutError(f"tag_maps: scattered map(s) do not follow their tokens: {listing}")
+
+
+# -- rules that keep a map's tag -------------------------------------------------------------
+
+
+def _dims_of_swap(func: Callable, args: tuple, kwargs: dict, ndim: int) -> tuple[int, int] | None:
+    """The two tensor dims a transposing call swaps, or ``None`` if it is not a swap."""
+    if func == torch.Tensor.mT.__get__:
+        return ndim - 2, ndim - 1
+    if func in (torch.Tensor.t, torch.t, torch.Tensor.T.__get__):
+        return (0, 1) if ndim == 2 else None
+    if func in (torch.Tensor.permute, torch.permute):
+        order = args[1:] if len(args) > 2 else args[1] if len(args) > 1 else kwargs.get("dims")
+        order = [int(d) % ndim for d in order]
+        moved = [d for d, o in enumerate(order) if d != o]
+        if len(moved) == 2 and order[moved[0]] == moved[1]:
+            return moved[0], moved[1]
+        return None
+    values = list(args[1:3]) + [
+        kwargs[k] for k in ("dim0", "dim1", "axis0", "axis1") if k in kwargs
+    ]
+    if len(values) != 2:
+        return None
+    return int(values[0]) % ndim, int(values[1]) % ndim
+
+
+_SWAP_FUNCS = (
+    torch.Tensor.transpose,
+    torch.transpose,
+    torch.Tensor.swapaxes,
+    torch.swapaxes,
+    torch.Tensor.swapdims,
+    torch.swapdims,
+    torch.Tensor.permute,
+    torch.permute,
+    torch.Tensor.mT.__get__,
+    torch.Tensor.t,
+    torch.t,
+    torch.Tensor.T.__get__,
+)
+
+
+def _swap_rule(func: Callable, args: tuple, kwargs: dict):
+    x = args[0]
+    tag = map_tag(x)
+    if tag is None or tag.layout != "dense":
+        return NotImplemented
+    ndim = len(global_shape(x))
+    dims = _dims_of_swap(func, args, kwargs, ndim)
+    if dims is None or set(dims) != {tag.sharded_dim, tag.block_dim}:
+        return NotImplemented
+    d0, d1 = dims
+    new_tag = tag.transposed(d0, d1)
+    local = local_of(x).transpose(d0, d1)
+
+    def swapped(shape: tuple[int, ...]) -> tuple[int, ...]:
+        out = list(shape)
+        out[d0], out[d1] = out[d1], out[d0]
+        return tuple(out)
+
+    shapes = {ROWS: [swapped(s) for s in x._spec._sharding_shapes[ROWS]]}
+    out = wrap(local, x.device_mesh, (Shard(new_tag.sharded_dim), Replicate()), shapes)
+    return tagged(out, new_tag)
+
+
+def _sum_arguments(args: tuple, kwargs: dict) -> tuple[Any, bool, Any] | None:
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    extra = set(kwargs) - {"dim", "keepdim", "dtype"}
+    if dim is None or extra or isinstance(dim, torch.dtype):
+        return None
+    if isinstance(dim, (tuple, list)):
+        if len(dim) != 1:
+            return None
+        dim = dim[0]
+    return int(dim), bool(keepdim), kwargs.get("dtype")
+
+
+def _sum_rule(func: Callable, args: tuple, kwargs: dict):
+    x = args[0]
+    tag = map_tag(x)
+    parsed = _sum_arguments(args, kwargs)
+    if tag is None or tag.layout != "dense" or tag.derived_by or parsed is None:
+        return NotImplemented
+    dim, keepdim, dtype = parsed
+    ndim = len(global_shape(x))
+    dim %= ndim
+    if dim not in (tag.sharded_dim, tag.block_dim):
+        return NotImplemented
+    local = local_of(x)
+    mesh = x.device_mesh
+    if dim == tag.block_dim:
+        kept, sizes = tag.sharded_dim, mesh_sizes(x, ROWS, tag.sharded_dim)
+    else:
+        i, _ = coordinate(mesh)
+        start, length = tag.column_block(i)
+        local = local.narrow(tag.block_dim, start, length)
+        kept, sizes = tag.block_dim, list(tag.block_sizes)
+    out_local = local.sum(dim, keepdim=keepdim, dtype=dtype)
+    if not keepdim and dim < kept:
+        kept -= 1
+    return wrap(
+        out_local, mesh, (Shard(kept), Replicate()), row_shapes(out_local.shape, kept, sizes)
+    )
+
+
+_MUL_FUNCS = (torch.Tensor.mul, torch.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__)
+_DIV_FUNCS = (
+    torch.Tensor.div,
+    torch.div,
+    torch.Tensor.true_divide,
+    torch.true_divide,
+    torch.Tensor.__truediv__,
+)
+
+
+def _factor_part(
+    other: Any, m: ShardTensor, tag: MapTag, rows: tuple[int, int], columns: tuple[int, int]
+) -> torch.Tensor | float | None:
+    """``other``'s values on this rank's (rows, column block) of the map, or ``None``."""
+    if isinstance(other, (int, float, bool)):
+        return other
+    if not isinstance(other, torch.Tensor):
+        return None
+    if isinstance(other, (ShardTensor, DTensor)):
+        placements = tuple(other.placements)
+        if any(p.is_partial() for p in placements) or not isinstance(
+            placements[COLUMNS], Replicate
+        ):
+            return None
+        local = other._local_tensor
+        o_shape = (
+            tuple(int(s) for s in other.shape)
+            if isinstance(other, DTensor)
+            else global_shape(other)
+        )
+        row_placement = placements[ROWS]
+    else:
+        local, o_shape, row_placement = other, tuple(other.shape), Replicate()
+    if other.requires_grad and isinstance(other, (ShardTensor, DTensor)):
+        local = local_of(other) if isinstance(other, ShardTensor) else other.to_local()
+    m_shape = global_shape(m)
+    lead = len(m_shape) - len(o_shape)
+    if lead < 0:
+        return None
+    for d, size in enumerate(o_shape):
+        md = d + lead
+        if size == 1:
+            if isinstance(row_placement, Shard) and row_placement.dim == d:
+                return None
+            continue
+        if size != m_shape[md]:
+            return None
+        sharded_here = isinstance(row_placement, Shard) and row_placement.dim == d
+        if md == tag.sharded_dim:
+            if sharded_here:
+                if mesh_sizes(other, ROWS, d) != mesh_sizes(m, ROWS, tag.sharded_dim):
+                    return None
+            else:
+                local = local.narrow(d, *rows)
+        elif md == tag.block_dim:
+            if sharded_here:
+                if mesh_sizes(other, ROWS, d) != list(tag.block_sizes):
+                    return None
+            else:
+                local = local.narrow(d, *columns)
+        elif sharded_here:
+            return None
+    return local
+
+
+def _scale_rule(func: Callable, args: tuple, kwargs: dict):
+    if len(args) != 2 or set(kwargs) - {"out"} or "out" in kwargs:
+        return NotImplemented
+    first, second = args
+    divide = func in _DIV_FUNCS
+    if map_tag(first) is not None:
+        m, other, map_first = first, second, True
+    elif map_tag(second) is not None and not divide:
+        m, other, map_first = second, first, False
+    else:
+        return NotImplemented
+    tag = map_tag(m)
+    if tag.layout != "dense" or tag.derived_by or map_tag(other) is not None:
+        return NotImplemented
+    mesh = m.device_mesh
+    i, _ = coordinate(mesh)
+    row_sizes = mesh_sizes(m, ROWS, tag.sharded_dim)
+    rows = (int(sum(row_sizes[:i])), int(row_sizes[i]))
+    columns = tag.column_block(i)
+    part = _factor_part(other, m, tag, rows, columns)
+    if part is None:
+        return NotImplemented
+    local = local_of(m)
+    start, length = columns
+    block = local.narrow(tag.block_dim, start, length)
+    result = func(block, part) if map_first else func(part, block)
+    total = local.shape[tag.block_dim]
+    pieces = []
+    if start:
+        shape = list(result.shape)
+        shape[tag.block_dim] = start
+        pieces.append(result.new_zeros(shape))
+    pieces.append(result)
+    if total - start - length:
+        shape = list(result.shape)
+        shape[tag.block_dim] = total - start - length
+        pieces.append(result.new_zeros(shape))
+    out_local = torch.cat(pieces, dim=tag.block_dim) if len(pieces) > 1 else result
+    if tuple(out_local.shape) != tuple(local.shape):
+        return NotImplemented
+    out = wrap(out_local, mesh, m.placements, dict(m._spec._sharding_shapes))
+    return tagged(out, tag)
+
+
+def _mark_derived(func: Callable, args: tuple, kwargs: dict, result: Any) -> Any:
+    """Results of ops without a rule that carry a whole map's data keep a 'derived' tag."""
+    if func in CONTRACTION_FUNCS:
+        return result
+    sources = [a for a in args if map_tag(a) is not None]
+    sources += [a for v in args if isinstance(v, (list, tuple)) for a in v if map_tag(a)]
+    if not sources:
+        return result
+    source = sources[0]
+    tag = map_tag(source)
+    numel = math.prod(global_shape(source))
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
+
+    def mark(r: Any) -> None:
+        if isinstance(r, ShardTensor) and tag_of(r) is None and math.prod(global_shape(r)) == numel:
+            tagged(r, tag.derived(name))
+
+    if isinstance(result, (tuple, list)):
+        for r in result:
+            mark(r)
+    else:
+        mark(result)
+    return result
+
+
+register_rule(_SWAP_FUNCS, _swap_rule)
+register_rule((torch.Tensor.sum, torch.sum), _sum_rule)
+register_rule(_MUL_FUNCS + _DIV_FUNCS, _scale_rule)
+register_after(_mark_derived)
+
+
+# -- products with a map ---------------------------------------------------------------------
+
+
+def _contract(m: ShardTensor, x: Any, contracted: int, op: str, m_arg: str = "map") -> ShardTensor:
+    """``m`` contracted over its tensor dim ``contracted`` with ``x``'s rows."""
+    tag = map_tag(m)
+    if tag.derived_by is not None:
+        raise _unsupported(f"{op} on a tensor derived from it by {tag.derived_by}", tag)
+    if tag.layout != "dense":
+        raise _unsupported(f"{op} with the index layout (use tokens_to_atoms & co.)", tag)
+    if not isinstance(x, ShardTensor):
+        raise _unsupported(
+            f"{op} with a right operand that is not a ShardTensor ({describe(x)})", tag
+        )
+    if contracted == tag.block_dim:
+        if tag.block_dim != len(global_shape(m)) - 1:
+            m = m.transpose(tag.sharded_dim, tag.block_dim)
+        return contract_rows(m, x, op, m_arg, "the right operand", cast=False)
+    return contract_columns(m, x, op, m_arg, "the right operand", cast=False)
+
+
+def _route_product(func: Callable, args: tuple, kwargs: dict) -> ShardTensor:
+    op = f"torch.{getattr(func, '__name__', func)}"
+    if kwargs:
+        raise _unsupported(f"{op} with keyword arguments {sorted(kwargs)}", map_tag(args[0]))
+    if len(args) != 2:
+        raise _unsupported(f"{op} with {len(args)} operands", None)
+    m, x = args
+    if map_tag(m) is None:
+        raise _unsupported(f"{op} with the map as the right operand ({describe(x)})", map_tag(x))
+    if map_tag(x) is not None:
+        raise _unsupported(f"{op} of two maps", map_tag(m))
+    m_dims, x_dims = len(global_shape(m)), len(x.shape)
+    need = {torch.bmm: 3, torch.Tensor.bmm: 3, torch.mm: 2, torch.Tensor.mm: 2}.get(func)
+    if m_dims != x_dims or (need is not None and m_dims != need) or m_dims not in (2, 3):
+        raise _unsupported(f"{op} of a {m_dims}-D map with a {x_dims}-D operand", map_tag(m))
+    return _contract(m, x, m_dims - 1, op)
+
+
+_EQUATION = re.compile(r"^([a-zA-Z]+),([a-zA-Z]+)->([a-zA-Z]+)$")
+
+
+def _route_einsum(args: tuple, kwargs: dict) -> ShardTensor:
+    equation = args[0]
+    operands = (
+        list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else list(args[1:])
+    )
+    tags = [map_tag(o) for o in operands]
+    first_tag = next((t for t in tags if t is not None), None)
+    op = f"torch.einsum({equation!r})"
+    match = _EQUATION.match(equation.replace(" ", "")) if isinstance(equation, str) else None
+    if kwargs or match is None or len(operands) != 2 or all(tags):
+        raise _unsupported(f"{op} with {len(operands)} operand(s)", first_tag)
+    k = 0 if tags[0] is not None else 1
+    m, x = operands[k], operands[1 - k]
+    m_sub, x_sub, out_sub = match.group(1 + k), match.group(2 - k), match.group(3)
+    if not (
+        len(m_sub) == len(x_sub) == len(out_sub) == len(global_shape(m)) and len(m_sub) in (2, 3)
+    ):
+        raise _unsupported(op, first_tag)
+    batch = m_sub[:-2]
+    contracted, feature = x_sub[-2], x_sub[-1]
+    if (
+        x_sub[:-2] != batch
+        or contracted not in m_sub[-2:]
+        or feature in m_sub
+        or len(set(m_sub)) != len(m_sub)
+        or len(set(x_sub)) != len(x_sub)
+    ):
+        raise _unsupported(op, first_tag)
+    kept = m_sub[-2] if contracted == m_sub[-1] else m_sub[-1]
+    if out_sub != batch + kept + feature:
+        raise _unsupported(op, first_tag)
+    return _contract(m, x, m_sub.index(contracted), op)
+
+
+def _contraction_handler(func: Callable, types: tuple, args: tuple, kwargs: dict):
+    if func is torch.einsum:
+        operands = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
+        if not any(map_tag(o) is not None for o in operands):
+            return NotImplemented
+        return _route_einsum(args, kwargs)
+    if not any(map_tag(a) is not None for a in args):
+        return NotImplemented
+    return _route_product(func, args, kwargs)
+
+
+register_chained(CONTRACTION_FUNCS, _contraction_handler, "foldcp.maps.contraction")
+
+__all__ = ["CONTRACTION_FUNCS", "SUPPORTED_FORMS", "tag_maps"]
