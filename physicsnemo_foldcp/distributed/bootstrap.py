@@ -176,6 +176,16 @@ def register_shard_tensor_ops() -> None:
     _custom_ops_registered = True
 
 
+def _domain_group(global_mesh) -> dist.ProcessGroup:
+    """A new group over this rank's ``cp0 x cp1`` ranks, row-major.
+
+    Created afresh for every mesh (``DistributedManager.get_mesh_group`` caches by mesh
+    hash, which would hand a mesh with another timeout the groups of an earlier one).
+    """
+    ranks = [int(r) for r in global_mesh["cp0", "cp1"].mesh.flatten().tolist()]
+    return dist.new_group(ranks, use_local_synchronization=True)
+
+
 def _object_group(global_mesh, domain_group: dist.ProcessGroup) -> dist.ProcessGroup:
     """A gloo mirror of this rank's domain group when the backend is not gloo.
 
@@ -267,7 +277,7 @@ def init_mesh(
     try:
         with _bounded_group_creation(timeout):
             global_mesh = manager.initialize_mesh(shape, MESH_DIM_NAMES)
-            domain_group = manager.get_mesh_group(global_mesh["cp0", "cp1"])
+            domain_group = _domain_group(global_mesh)
             object_group = _object_group(global_mesh, domain_group)
     except Exception as err:
         raise RuntimeError(
