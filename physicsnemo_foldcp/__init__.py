@@ -7,7 +7,7 @@ registers the ShardTensor handlers of the cross-axis ops (:mod:`physicsnemo_fold
 
 from physicsnemo_foldcp import ops
 from physicsnemo_foldcp.data import FoldCPDataModule, ShardedLoader, ShardedSample
-from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown
+from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown, wrap_model
 from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec
 from physicsnemo_foldcp.scatter import ShardedFeatures, gather_features, scatter_features
 
@@ -27,4 +27,5 @@ __all__ = [
     "init_mesh",
     "scatter_features",
     "shutdown",
+    "wrap_model",
 ]

@@ -7,12 +7,16 @@ from physicsnemo_foldcp.distributed.bootstrap import (
     shutdown,
 )
 from physicsnemo_foldcp.distributed.mesh import MESH_DIM_NAMES, FoldMesh
+from physicsnemo_foldcp.distributed.wrappers import param_groups, unwrap, wrap_model
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MESH_DIM_NAMES",
     "FoldMesh",
     "init_mesh",
+    "param_groups",
     "resolve_mesh_shape",
     "shutdown",
+    "unwrap",
+    "wrap_model",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 
 import torch
 import torch.distributed as dist
@@ -61,14 +62,14 @@ class FoldMesh:
         """Number of ranks in one domain group, ``cp0 * cp1``."""
         return self.shape[1] * self.shape[2]
 
-    @property
+    @cached_property
     def ddp_mesh(self) -> DeviceMesh:
-        """1-D mesh over the ``ddp`` dimension through this rank."""
+        """1-D mesh over the ``ddp`` dimension through this rank (sliced once)."""
         return self.mesh["ddp"]
 
-    @property
+    @cached_property
     def domain_mesh(self) -> DeviceMesh:
-        """2-D ``(cp0, cp1)`` mesh of this rank's domain group."""
+        """2-D ``(cp0, cp1)`` mesh of this rank's domain group (sliced once, then reused)."""
         return self.mesh["cp0", "cp1"]
 
     @property

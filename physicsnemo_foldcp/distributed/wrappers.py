@@ -7,11 +7,16 @@
 
 In every case the parameters are first made equal over the domain group (neither DDP nor
 FSDP2 syncs over it), so each domain group starts from its source's values.
+
+Gradients: ShardTensor's weight promotion sums each plain parameter's gradient over the
+domain mesh during ``backward`` (an all-reduce over every mesh dim that shards the
+activation it met); DDP and FSDP2 then average over ``ddp``. The step therefore optimises
+the mean over domain groups of their samples' losses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -41,7 +46,11 @@ def resolve_wrapper(wrapper: str, mesh: FoldMesh) -> str:
 
 @torch.no_grad()
 def sync_over_domain(module: nn.Module, mesh: FoldMesh) -> None:
-    """Broadcast plain parameters and buffers from the domain source to its group."""
+    """Broadcast plain parameters and buffers from the domain source to its group.
+
+    Communication: one broadcast per plain tensor over the flattened ``cp0 x cp1`` group
+    (none on a 1x1 domain mesh). DTensor parameters are left as they are.
+    """
     if mesh.domain_size == 1:
         return
     tensors: Iterable[torch.Tensor] = list(module.parameters()) + list(module.buffers())
@@ -50,7 +59,13 @@ def sync_over_domain(module: nn.Module, mesh: FoldMesh) -> None:
             dist.broadcast(t.data, src=mesh.domain_source_rank, group=mesh.domain_group)
 
 
-def wrap_model(model: nn.Module, mesh: FoldMesh, wrapper: str = "auto") -> nn.Module:
+def wrap_model(
+    model: nn.Module,
+    mesh: FoldMesh,
+    wrapper: str = "auto",
+    *,
+    shard_modules: Sequence[type[nn.Module]] = (),
+) -> nn.Module:
     """Sync ``model`` over its domain group and wrap it for the ``ddp`` axis.
 
     Parameters
@@ -61,13 +76,28 @@ def wrap_model(model: nn.Module, mesh: FoldMesh, wrapper: str = "auto") -> nn.Mo
         The job's mesh.
     wrapper : {"auto", "none", "ddp", "fsdp2"}
         See the module docstring; ``"auto"`` picks ``"none"`` or ``"ddp"``.
+    shard_modules : Sequence[type], optional
+        ``fsdp2`` only: submodules of these types are ``fully_shard``-ed first (their
+        parameters are gathered and freed block by block), then the root.
 
     Returns
     -------
     nn.Module
         The model itself (``none``, ``fsdp2``: sharded in place) or a DDP wrapper.
+
+    Raises
+    ------
+    ValueError
+        For an unknown wrapper, ``none`` with ``ddp > 1``, or a model with a parameter
+        off ``mesh.device``.
     """
     choice = resolve_wrapper(wrapper, mesh)
+    for name, p in model.named_parameters():
+        if p.device != mesh.device:
+            raise ValueError(
+                f"parameter {name!r} is on {p.device}, the mesh computes on {mesh.device}: "
+                "move the model with model.to(mesh.device) before wrapping it"
+            )
     sync_over_domain(model, mesh)
     if choice == "none":
         return model
@@ -81,6 +111,11 @@ def wrap_model(model: nn.Module, mesh: FoldMesh, wrapper: str = "auto") -> nn.Mo
     for p in model.parameters():
         if not p.is_contiguous():
             p.data = p.data.contiguous()
+    kinds = tuple(shard_modules)
+    if kinds:
+        for module in model.modules():
+            if module is not model and isinstance(module, kinds):
+                fully_shard(module, mesh=mesh.ddp_mesh)
     fully_shard(model, mesh=mesh.ddp_mesh)
     return model
 

@@ -13,6 +13,11 @@ backward (a collective over a mesh dim of size 1 is skipped):
   and one all-reduce over ``cp1``.
 * :func:`relative_position_encoding`: the pair tile; one all-gather over ``cp0`` / -.
 * dtype casts (``x.float()``, ``x.to(dtype)``, ...) of any ShardTensor: same blocks; none.
+* :func:`pair_bias_attention`: ``q, k, v`` rows ``(Shard(1), Replicate())`` and the bias
+  tile, output rows; one all-gather over ``cp0`` and two all-reduces over ``cp1`` / one
+  reduce-scatter over ``cp0`` and one all-reduce over ``cp1``.
+* any other op through PhysicsNeMo's DTensor fallback: results that keep the sharded
+  lengths of an operand keep its uneven blocks (:mod:`~physicsnemo_foldcp.ops.uneven_fallback`).
 * :func:`masked_mean`: ``Replicate`` over the mesh dims that shard a reduced axis (never
   ``Partial``); one all-reduce per such mesh dim / none.
 
@@ -24,6 +29,7 @@ The Boltz expressions that run distributed are listed in :mod:`physicsnemo_foldc
 from physicsnemo_foldcp.ops import (
     _dispatch,  # noqa: F401 - PhysicsNeMo's handlers first
     casts,  # noqa: F401 - registers the cast handlers
+    uneven_fallback,
 )
 from physicsnemo_foldcp.ops._blocks import MapLayoutError, ShardingLayoutError
 from physicsnemo_foldcp.ops.atom_token import (
@@ -31,6 +37,7 @@ from physicsnemo_foldcp.ops.atom_token import (
     representative_atoms,
     tokens_to_atoms,
 )
+from physicsnemo_foldcp.ops.attention import pair_bias_attention
 from physicsnemo_foldcp.ops.maps import SUPPORTED_FORMS, tag_maps
 from physicsnemo_foldcp.ops.masks import masked_mean, pair_mask
 from physicsnemo_foldcp.ops.single_pair import (
@@ -52,6 +59,7 @@ __all__ = [
     "map_tag",
     "masked_mean",
     "outer_sum",
+    "pair_bias_attention",
     "pair_distances",
     "pair_mask",
     "relative_position_encoding",
@@ -60,3 +68,5 @@ __all__ = [
     "tag_maps",
     "tokens_to_atoms",
 ]
+
+uneven_fallback.install()

@@ -1,0 +1,63 @@
+"""Training and prediction runs on the ``ddp x cp0 x cp1`` mesh, and model validation.
+
+* :func:`train`: the training loop (DDP / FSDP2 over ``ddp``, checkpoints, exact resume).
+* :func:`predict`: distograms of a dataset, written in the serial layout.
+* :func:`validate_model`: serial vs distributed comparison of your own model.
+* :func:`compile_model`: whole-model or regional ``torch.compile`` by CP shape.
+"""
+
+from physicsnemo_foldcp.training.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from physicsnemo_foldcp.training.compile import compile_model, resolve_compile_mode
+from physicsnemo_foldcp.training.datasets import BatchedFiles, SyntheticComplexes, batched
+from physicsnemo_foldcp.training.loop import (
+    BatchSizeError,
+    OptimizerSettings,
+    TrainResult,
+    TrainSettings,
+    build_optimizer,
+    check_batch,
+    forward_backward,
+    prepare_features,
+    train,
+    write_summary,
+)
+from physicsnemo_foldcp.training.predict import (
+    PredictionResult,
+    predict,
+    read_distogram,
+    serial_distogram,
+)
+from physicsnemo_foldcp.training.validate import ValidationReport, validate_model
+
+__all__ = [
+    "BatchSizeError",
+    "BatchedFiles",
+    "CheckpointError",
+    "OptimizerSettings",
+    "PredictionResult",
+    "SyntheticComplexes",
+    "TrainResult",
+    "TrainSettings",
+    "ValidationReport",
+    "batched",
+    "build_optimizer",
+    "check_batch",
+    "compile_model",
+    "forward_backward",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "predict",
+    "prepare_features",
+    "read_distogram",
+    "resolve_compile_mode",
+    "save_checkpoint",
+    "serial_distogram",
+    "train",
+    "validate_model",
+    "write_summary",
+]

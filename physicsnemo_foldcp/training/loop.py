@@ -1,0 +1,569 @@
+"""The training loop: one complex per domain group per step, DDP / FSDP2 over ``ddp``.
+
+:func:`train` takes a serial model and a serial dataset and runs them on the job's
+``ddp x cp0 x cp1`` mesh: the model is synced over each domain group and wrapped for the
+``ddp`` axis (:func:`~physicsnemo_foldcp.distributed.wrappers.wrap_model`), every step each
+domain group scatters one sample (:class:`~physicsnemo_foldcp.data.ShardedLoader`), runs
+the unchanged ``forward`` on the ShardTensors and steps the optimizer. Rank 0 alone shows a
+progress bar and logs metrics; checkpoints are written every ``checkpoint_every`` steps and
+a run resumes exactly (model, optimizer, data position, random generators).
+
+The loss of a step is the mean over the domain groups of their samples' losses (what DDP
+and FSDP2 optimise, since they average the gradients over ``ddp``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import resource
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from physicsnemo.domain_parallel import ShardTensor
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from physicsnemo_foldcp.data.loader import ShardedLoader
+from physicsnemo_foldcp.distributed.mesh import FoldMesh
+from physicsnemo_foldcp.distributed.wrappers import (
+    param_groups,
+    resolve_wrapper,
+    unwrap,
+    wrap_model,
+)
+from physicsnemo_foldcp.features.registry import FeatureRegistry
+from physicsnemo_foldcp.models.reference import TrunkBlock, reference_loss
+from physicsnemo_foldcp.ops import tag_maps
+from physicsnemo_foldcp.scatter import ShardedFeatures
+from physicsnemo_foldcp.training.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from physicsnemo_foldcp.training.compile import (
+    COMPILE_MODES,
+    compile_model,
+    local_features,
+    reduce_partial_gradients,
+    resolve_compile_mode,
+)
+
+logger = logging.getLogger("physicsnemo_foldcp.training")
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+"""``fp32``: TF32 off (exact comparisons); ``tf32``: TF32 matmuls on GPU; ``bf16``: autocast."""
+
+OPTIMIZERS = ("adamw", "sgd")
+"""Optimizers :func:`build_optimizer` knows."""
+
+LossFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], torch.Tensor]
+
+
+class BatchSizeError(ValueError):
+    """More than one sample per domain group: grow the batch over ``ddp`` instead."""
+
+
+@dataclass
+class OptimizerSettings:
+    """Optimizer of a run.
+
+    Attributes
+    ----------
+    name : {"adamw", "sgd"}
+        Optimizer class.
+    lr : float
+        Learning rate.
+    weight_decay : float
+        Decoupled (AdamW) or L2 (SGD) weight decay.
+    betas : tuple[float, float]
+        AdamW's betas.
+    momentum : float
+        SGD's momentum.
+    """
+
+    name: str = "adamw"
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.0
+
+
+@dataclass
+class TrainSettings:
+    """Options of :func:`train`.
+
+    Attributes
+    ----------
+    steps : int
+        Total optimizer steps of the run (a resumed run continues up to it).
+    wrapper : {"auto", "none", "ddp", "fsdp2"}
+        Data-parallel wrapper over the ``ddp`` axis (see :func:`wrap_model`; with
+        ``fsdp2`` every trunk block is sharded on its own, then the root).
+    precision : {"fp32", "tf32", "bf16"}
+        Numerics of the forward pass.
+    seed : int
+        Seed of the data order (the model is initialised by the caller).
+    log_every : int
+        Log the loss on rank 0 every this many steps (0: never).
+    checkpoint_every : int
+        Write a checkpoint every this many steps (0: only at the end).
+    checkpoint_dir : str or None
+        Where checkpoints go; ``None`` writes none.
+    resume : str or None
+        A checkpoint file, ``"latest"`` (the newest in ``checkpoint_dir``, if any), or
+        ``None`` to start from scratch.
+    compile : {"none", "auto", "whole", "regional"}
+        See :mod:`~physicsnemo_foldcp.training.compile` (``regional`` needs ``ddp == 1``).
+    compile_backend : str
+        ``torch.compile`` backend (``"inductor"``; ``"aot_eager"`` traces without
+        generating code).
+    batch_size : int
+        Samples per domain group per step; must be 1.
+    progress : bool
+        Show a progress bar on rank 0.
+    metrics_file : str or None
+        Rank 0 writes one JSON line per step (step, loss, seconds) to this file (a
+        resumed run appends to it).
+    """
+
+    steps: int = 30
+    wrapper: str = "auto"
+    precision: str = "fp32"
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    resume: str | None = None
+    compile: str = "none"
+    compile_backend: str = "inductor"
+    batch_size: int = 1
+    progress: bool = True
+    metrics_file: str | None = None
+
+    def check(self) -> None:
+        """Raise a clear ``ValueError`` for an invalid setting (before any work)."""
+        if self.batch_size != 1:
+            raise BatchSizeError(
+                f"per-domain-group batch size must be 1, got train.batch_size="
+                f"{self.batch_size}: each domain group trains on one complex per step; grow "
+                "the global batch over the ddp mesh axis (mesh.ddp) instead"
+            )
+        if self.steps < 0:
+            raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"train.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.checkpoint_every < 0 or self.log_every < 0:
+            raise ValueError("train.checkpoint_every and train.log_every must be >= 0")
+        if self.resume == "latest" and not self.checkpoint_dir:
+            raise ValueError("train.resume=latest needs train.checkpoint_dir")
+
+
+@dataclass
+class TrainResult:
+    """What a run did.
+
+    Attributes
+    ----------
+    losses : list[float]
+        Loss of every step of this run (mean over domain groups), in order.
+    start_step, end_step : int
+        Steps done before this run (resume) and after it.
+    seconds : float
+        Wall time of the steps of this run.
+    peak_memory : list[int]
+        Peak memory of each global rank, in bytes (CPU: max RSS; GPU: max allocated).
+    checkpoints : list[str]
+        Checkpoint files written.
+    model : nn.Module
+        The wrapped model after training.
+    optimizer : torch.optim.Optimizer
+        Its optimizer.
+    indices : list[int]
+        Dataset index this rank's domain group trained on at each step.
+    """
+
+    losses: list[float]
+    start_step: int
+    end_step: int
+    seconds: float
+    peak_memory: list[int]
+    checkpoints: list[str] = field(default_factory=list)
+    model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    indices: list[int] = field(default_factory=list)
+
+    @property
+    def steps_per_s(self) -> float:
+        """Optimizer steps per second over this run."""
+        steps = self.end_step - self.start_step
+        return steps / self.seconds if self.seconds > 0 else float("nan")
+
+    def summary(self) -> str:
+        """A few lines for the end of a run."""
+        steps = self.end_step - self.start_step
+        lines = [
+            f"trained steps {self.start_step + 1}..{self.end_step} ({steps} steps) in "
+            f"{self.seconds:.1f} s: {self.steps_per_s:.2f} steps/s",
+        ]
+        if self.losses:
+            lines.append(f"loss: first {self.losses[0]:.4f}, last {self.losses[-1]:.4f}")
+        memory = ", ".join(f"r{r} {b / 2**20:.0f}" for r, b in enumerate(self.peak_memory))
+        lines.append(f"peak memory per rank (MiB): {memory}")
+        if self.checkpoints:
+            lines.append(f"last checkpoint: {self.checkpoints[-1]}")
+        return "\n".join(lines)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak memory: ``max_memory_allocated`` on CUDA, max RSS otherwise."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def set_precision(precision: str) -> None:
+    """Pin TF32 off (``fp32``, ``bf16``) or allow it (``tf32``) for matmuls and cuDNN."""
+    allow = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+    torch.set_float32_matmul_precision("high" if allow else "highest")
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` to bfloat16 for ``bf16``; a no-op otherwise."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def build_optimizer(model: nn.Module, settings: OptimizerSettings) -> torch.optim.Optimizer:
+    """The optimizer of ``settings`` over ``model``'s parameters, grouped by device mesh."""
+    if settings.name == "adamw":
+        groups = param_groups(model)
+        return torch.optim.AdamW(
+            groups, lr=settings.lr, weight_decay=settings.weight_decay, betas=settings.betas
+        )
+    if settings.name == "sgd":
+        groups = param_groups(model)
+        return torch.optim.SGD(
+            groups, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
+        )
+    raise ValueError(f"optimizer name must be one of {OPTIMIZERS}, got {settings.name!r}")
+
+
+def check_batch(features: Mapping[str, Any]) -> None:
+    """Raise :class:`BatchSizeError` unless every tensor feature has a batch axis of 1.
+
+    Parameters
+    ----------
+    features : Mapping[str, Any]
+        A sample as the model reads it (plain tensors or ShardTensors), batched.
+    """
+    for name in ("token_pad_mask", "res_type", "atom_pad_mask"):
+        value = features.get(name)
+        if isinstance(value, torch.Tensor):
+            shape = tuple(value.shape)
+            if len(shape) < 2 or shape[0] != 1:
+                raise BatchSizeError(
+                    f"feature {name!r} has shape {shape}: the model reads one batched sample "
+                    "([1, ...]) per domain group; grow the batch over the ddp mesh axis"
+                )
+
+
+def prepare_features(features: ShardedFeatures) -> ShardedFeatures:
+    """Tag the scattered atom<->token maps (idempotent) and check the batch axis."""
+    tag_maps(features)
+    check_batch(features)
+    return features
+
+
+def loss_value(loss: torch.Tensor) -> float:
+    """The loss as a Python float (a replicated ShardTensor's local value is the global one)."""
+    if isinstance(loss, ShardTensor):
+        if any(p.is_partial() for p in loss.placements):
+            return float(loss.full_tensor())
+        return float(loss.to_local())
+    if isinstance(loss, DTensor):
+        return float(loss.full_tensor())
+    return float(loss)
+
+
+def forward_backward(
+    model: nn.Module,
+    features: Mapping[str, Any],
+    loss_fn: LossFn = reference_loss,
+    *,
+    precision: str = "fp32",
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """One forward and backward pass; returns the (detached) loss of this domain group.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The (wrapped) model.
+    features : Mapping[str, Any]
+        One batched sample: plain tensors (serial) or prepared ShardTensors.
+    loss_fn : callable
+        ``loss_fn(outputs, features)`` -> scalar loss.
+    precision : str
+        See :data:`PRECISIONS`.
+    device : torch.device, optional
+        Device type for autocast; CPU by default.
+    """
+    with autocast(precision, device or torch.device("cpu")):
+        outputs = model(**features)
+        loss = loss_fn(outputs, features)
+    loss.backward()
+    return loss.detach()
+
+
+def _mean_over_ddp(value: float, mesh: FoldMesh) -> float:
+    if mesh.ddp_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=mesh.device)
+    dist.all_reduce(t, group=mesh.ddp_mesh.get_group())
+    return float(t.item()) / mesh.ddp_size
+
+
+def _gather_peak_memory(mesh: FoldMesh) -> list[int]:
+    mine = peak_memory_bytes(mesh.device)
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return [int(v) for v in out]
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _batches(loader: ShardedLoader) -> Iterator[Any]:
+    """Loader items across epochs, without end."""
+    while True:
+        yielded = False
+        for item in loader:
+            yielded = True
+            yield item
+        if not yielded:
+            raise RuntimeError("the training loader yields no steps (empty dataset?)")
+
+
+def train(
+    model: nn.Module,
+    mesh: FoldMesh,
+    dataset: Any,
+    settings: TrainSettings | None = None,
+    *,
+    optimizer: OptimizerSettings | None = None,
+    loss_fn: LossFn = reference_loss,
+    registry: FeatureRegistry | None = None,
+    loader_options: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> TrainResult:
+    """Train ``model`` on ``dataset`` over the mesh (call on every rank).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The serial model, initialised the same way on every rank (e.g. after
+        ``torch.manual_seed``); it is moved to ``mesh.device``, synced over the domain
+        group from its source, and wrapped per ``settings.wrapper``.
+    mesh : FoldMesh
+        From :func:`physicsnemo_foldcp.init_mesh`.
+    dataset : map-style dataset
+        Serial samples, batched (``[1, ...]``); only domain sources read it.
+    settings : TrainSettings, optional
+        Run options; defaults otherwise.
+    optimizer : OptimizerSettings, optional
+        Optimizer; AdamW with defaults otherwise.
+    loss_fn : callable, default :func:`~physicsnemo_foldcp.models.reference_loss`
+        ``loss_fn(outputs, features)`` -> scalar loss (replicated over the domain group).
+    registry : FeatureRegistry, optional
+        Axis meanings of the features (Boltz-2 preset by default).
+    loader_options : Mapping, optional
+        Further :class:`~physicsnemo_foldcp.data.ShardedLoader` arguments
+        (``token_multiple``, ``atom_multiple``, ``num_workers``, ``scatter_options``...).
+    extra : Mapping, optional
+        Stored in every checkpoint (e.g. the run's configuration).
+
+    Returns
+    -------
+    TrainResult
+        Losses, timing, peak memory per rank, checkpoints, and the trained model.
+
+    Raises
+    ------
+    BatchSizeError
+        Before any work, when ``settings.batch_size != 1``.
+    """
+    settings = settings or TrainSettings()
+    settings.check()
+    wrapper = resolve_wrapper(settings.wrapper, mesh)
+    compiled = resolve_compile_mode(settings.compile, mesh.cp)
+    if compiled == "regional" and wrapper != "none":
+        raise ValueError(
+            f"train.compile=regional needs ddp=1 (wrapper none), got wrapper {wrapper!r} on "
+            f"mesh {mesh.shape}: compiled regions return partial gradients that DDP/FSDP2 "
+            "would reduce before they are summed over the domain group; use compile=none"
+        )
+    opt_settings = optimizer or OptimizerSettings()
+    set_precision(settings.precision)
+    rank0 = mesh.rank == 0
+
+    model = model.to(mesh.device)
+    wrapped = wrap_model(model, mesh, settings.wrapper, shard_modules=(TrunkBlock,))
+    compile_model(unwrap(wrapped), mesh, settings.compile, backend=settings.compile_backend)
+    opt = build_optimizer(wrapped, opt_settings)
+    loader = ShardedLoader(
+        dataset,
+        mesh,
+        mode="train",
+        registry=registry,
+        seed=settings.seed,
+        **dict(loader_options or {}),
+    )
+
+    start_step = 0
+    resume = settings.resume
+    if resume == "latest":
+        found = latest_checkpoint(settings.checkpoint_dir)  # type: ignore[arg-type]
+        resume = str(found) if found is not None else None
+        if found is None and rank0:
+            logger.info("no checkpoint in %s: starting from scratch", settings.checkpoint_dir)
+    if resume:
+        state = load_checkpoint(resume, wrapped, opt)
+        start_step = int(state["step"])
+        if state.get("loader") is not None:
+            loader.load_state_dict(state["loader"])
+        if rank0:
+            logger.info("resumed from %s at step %d", resume, start_step)
+
+    metrics = None
+    if rank0 and settings.metrics_file:
+        Path(settings.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+        metrics = open(settings.metrics_file, "a" if resume else "w")  # noqa: SIM115
+
+    losses: list[float] = []
+    indices: list[int] = []
+    checkpoints: list[str] = []
+    bar = _progress(settings.steps, start_step, settings.progress and rank0)
+    step = start_step
+    wrapped.train()
+    start = time.perf_counter()
+    try:
+        batches = _batches(loader) if step < settings.steps else iter(())
+        for item in batches:
+            features = prepare_features(item.features)
+            inputs = local_features(features) if compiled == "whole" else features
+            opt.zero_grad(set_to_none=True)
+            loss = forward_backward(
+                wrapped, inputs, loss_fn, precision=settings.precision, device=mesh.device
+            )
+            if compiled == "regional":
+                reduce_partial_gradients(unwrap(wrapped))
+            opt.step()
+            step += 1
+            value = _mean_over_ddp(loss_value(loss), mesh)
+            if not math.isfinite(value):
+                raise FloatingPointError(f"loss is {value} at step {step}")
+            losses.append(value)
+            indices.append(int(item.index))
+            if metrics is not None:
+                elapsed = time.perf_counter() - start
+                metrics.write(json.dumps({"step": step, "loss": value, "seconds": elapsed}) + "\n")
+                metrics.flush()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{value:.4f}")
+            if rank0 and settings.log_every and step % settings.log_every == 0:
+                rate = (step - start_step) / (time.perf_counter() - start)
+                message = f"step {step}/{settings.steps} loss {value:.4f} ({rate:.2f} steps/s)"
+                if bar is not None:
+                    bar.write(message)
+                else:
+                    logger.info("%s", message)
+            done = step >= settings.steps
+            due = settings.checkpoint_every and step % settings.checkpoint_every == 0
+            if settings.checkpoint_dir and (due or done):
+                path = save_checkpoint(
+                    settings.checkpoint_dir,
+                    step,
+                    wrapped,
+                    opt,
+                    mesh,
+                    loader_state=loader.state_dict(),
+                    extra={**dict(extra or {}), "settings": asdict(settings)},
+                )
+                checkpoints.append(str(path))
+            if done:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+        if metrics is not None:
+            metrics.close()
+    seconds = time.perf_counter() - start
+    result = TrainResult(
+        losses=losses,
+        start_step=start_step,
+        end_step=step,
+        seconds=seconds,
+        peak_memory=_gather_peak_memory(mesh),
+        checkpoints=checkpoints,
+        model=wrapped,
+        optimizer=opt,
+        indices=indices,
+    )
+    if rank0:
+        logger.info("%s", result.summary())
+    return result
+
+
+def write_summary(result: TrainResult, path: str | os.PathLike) -> None:
+    """Write the run's losses, timing and peak memory as JSON (call on rank 0)."""
+    payload = {
+        "start_step": result.start_step,
+        "end_step": result.end_step,
+        "losses": result.losses,
+        "seconds": result.seconds,
+        "steps_per_s": result.steps_per_s,
+        "peak_memory_bytes": result.peak_memory,
+        "checkpoints": result.checkpoints,
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2))
+
+
+__all__ = [
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "BatchSizeError",
+    "OptimizerSettings",
+    "TrainResult",
+    "TrainSettings",
+    "autocast",
+    "build_optimizer",
+    "check_batch",
+    "forward_backward",
+    "loss_value",
+    "peak_memory_bytes",
+    "prepare_features",
+    "set_precision",
+    "train",
+    "write_summary",
+]

@@ -1,0 +1,178 @@
+"""Prediction: run the model over a dataset and write each predicted distogram to a file.
+
+Every domain group takes its share of the samples (each sample once, in order,
+:class:`~physicsnemo_foldcp.data.ShardedLoader` in ``"inference"`` mode); for each one the
+distributed ``forward`` gives the distogram logits as a ``(Shard(1), Shard(2))`` tile, which
+is gathered over the domain group, mapped back from the padded to the serial token layout,
+and written by the group's source rank to ``<out_dir>/<record_id>.npz`` as
+``pdistogram`` (``[N, N, bins]`` float32 logits, serial layout) with ``record_id``. The file
+is the same whatever the mesh: a serial prediction writes it too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from physicsnemo.domain_parallel import ShardTensor
+from torch import nn
+
+from physicsnemo_foldcp.data.loader import ShardedLoader
+from physicsnemo_foldcp.distributed.mesh import FoldMesh
+from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
+from physicsnemo_foldcp.features.registry import FeatureRegistry
+from physicsnemo_foldcp.features.spec import TOKENS
+from physicsnemo_foldcp.scatter import ShardedFeatures
+from physicsnemo_foldcp.training.loop import autocast, prepare_features, set_precision
+
+logger = logging.getLogger("physicsnemo_foldcp.training")
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass
+class PredictionResult:
+    """What a prediction run wrote.
+
+    Attributes
+    ----------
+    files : list[str]
+        Files written by this rank (only domain sources write).
+    indices : list[int]
+        Dataset indices this rank's domain group predicted.
+    failed : dict[int, str]
+        Indices skipped under ``on_error="skip"``, with their error.
+    """
+
+    files: list[str] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+def output_name(record_id: Any, index: int) -> str:
+    """File name of a sample's prediction: its record id (made file-safe), or its index."""
+    if record_id is None or str(record_id) == "":
+        return f"sample_{index:06d}.npz"
+    return _SAFE.sub("_", str(record_id)) + ".npz"
+
+
+def serial_distogram(pdistogram: torch.Tensor, features: Mapping[str, Any]) -> torch.Tensor:
+    """The distogram of one sample in the serial token layout, ``[N, N, bins]`` float32.
+
+    Collective over the domain group when ``pdistogram`` is a ShardTensor (one all-gather
+    of the tile, through ``full_tensor()``).
+
+    Parameters
+    ----------
+    pdistogram : torch.Tensor
+        ``[1, N_padded, N_padded, bins]`` logits: a plain tensor, or the
+        ``(Shard(1), Shard(2))`` tile.
+    features : Mapping[str, Any]
+        The sample the model read (a :class:`~physicsnemo_foldcp.ShardedFeatures` carries
+        the plan that undoes per-shard padding).
+    """
+    full = pdistogram.full_tensor() if isinstance(pdistogram, ShardTensor) else pdistogram
+    full = full.detach()[0]
+    if isinstance(features, ShardedFeatures):
+        full = features.plan.from_padded(full, (TOKENS, TOKENS, None))
+    return full.float().cpu()
+
+
+def write_distogram(path: str | os.PathLike, distogram: torch.Tensor, record_id: Any) -> Path:
+    """Write ``{"pdistogram": [N, N, bins] float32, "record_id": str}`` as ``.npz``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, pdistogram=distogram.numpy(), record_id=np.array(str(record_id)))
+    os.replace(tmp, path)
+    return path
+
+
+def read_distogram(path: str | os.PathLike) -> torch.Tensor:
+    """The ``pdistogram`` array of a file written by :func:`write_distogram`."""
+    with np.load(path) as data:
+        return torch.from_numpy(data["pdistogram"].copy())
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    mesh: FoldMesh,
+    dataset: Any,
+    out_dir: str | os.PathLike,
+    *,
+    registry: FeatureRegistry | None = None,
+    precision: str = "fp32",
+    loader_options: Mapping[str, Any] | None = None,
+    output_key: str = "pdistogram",
+) -> PredictionResult:
+    """Predict every sample of ``dataset`` once and write its distogram (call on every rank).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The serial model with its trained weights (unwrapped); synced over the domain
+        group from its source before the first sample.
+    mesh : FoldMesh
+        From :func:`physicsnemo_foldcp.init_mesh`.
+    dataset : map-style dataset
+        Serial, batched samples (``[1, ...]``) with a ``record_id``.
+    out_dir : path
+        Directory of the ``<record_id>.npz`` files.
+    registry : FeatureRegistry, optional
+        Axis meanings of the features (Boltz-2 preset by default).
+    precision : {"fp32", "tf32", "bf16"}, default "fp32"
+        Numerics of the forward pass.
+    loader_options : Mapping, optional
+        Further :class:`~physicsnemo_foldcp.data.ShardedLoader` arguments.
+    output_key : str, default "pdistogram"
+        Entry of the model's output dict to write.
+
+    Returns
+    -------
+    PredictionResult
+        Files written by this rank, indices predicted, samples skipped.
+    """
+    set_precision(precision)
+    model = model.to(mesh.device)
+    sync_over_domain(model, mesh)
+    model.eval()
+    loader = ShardedLoader(
+        dataset, mesh, mode="inference", registry=registry, **dict(loader_options or {})
+    )
+    result = PredictionResult()
+    for item in loader:
+        if item.is_padding:
+            continue
+        if not item.has_features:
+            result.failed[int(item.index)] = str(item.error)
+            continue
+        features = prepare_features(item.features)
+        with autocast(precision, mesh.device):
+            outputs = model(**features)
+        distogram = serial_distogram(outputs[output_key], features)
+        result.indices.append(int(item.index))
+        if mesh.is_domain_source:
+            name = output_name(item.record_id, int(item.index))
+            path = write_distogram(Path(out_dir) / name, distogram, item.record_id or item.index)
+            result.files.append(str(path))
+    if mesh.rank == 0:
+        logger.info("wrote %d distogram(s) to %s (rank 0)", len(result.files), out_dir)
+    return result
+
+
+__all__ = [
+    "PredictionResult",
+    "output_name",
+    "predict",
+    "read_distogram",
+    "serial_distogram",
+    "write_distogram",
+]

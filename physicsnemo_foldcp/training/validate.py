@@ -1,0 +1,503 @@
+"""Validate your own model under context parallelism: one call, serial vs distributed.
+
+:func:`validate_model` runs a model on a sample twice on every rank of a domain group:
+serially on plain tensors (the ground truth) and distributed on the scattered ShardTensors.
+It compares the loss, every named module's output (in call order), the model's outputs and
+every parameter gradient, and lists the collectives of the distributed forward and
+backward. Ops that reached PhysicsNeMo's generic DTensor fallback and communicated there
+are reported with the module that called them; an all-gather among them is *unexpected*:
+the fallback replicated a sharded operand (correct, but it is the memory CP exists to
+save, and with uneven shards it may also be wrong). TF32 is pinned off during the
+comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from physicsnemo.domain_parallel import ShardTensor
+from physicsnemo.domain_parallel import shard_tensor as _shard_tensor_module
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
+
+from physicsnemo_foldcp.distributed.mesh import FoldMesh
+from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
+from physicsnemo_foldcp.features.registry import FeatureRegistry
+from physicsnemo_foldcp.models.reference import reference_loss
+from physicsnemo_foldcp.ops import tag_maps
+from physicsnemo_foldcp.scatter import scatter_features
+
+_warned_tf32 = False
+
+LossFn = Callable[[Any, Mapping[str, Any]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FallbackCollective:
+    """Collectives issued inside PhysicsNeMo's generic fallback for one op call.
+
+    Attributes
+    ----------
+    op : str
+        The op (``torch`` function or ``aten`` overload).
+    module : str
+        Innermost named module running at the time (``"<backward>"`` in backward,
+        ``"<model>"`` for the root module).
+    phase : str
+        ``"forward"`` or ``"backward"``.
+    collectives : dict[str, int]
+        Collective name -> count.
+    """
+
+    op: str
+    module: str
+    phase: str
+    collectives: dict[str, int]
+
+    @property
+    def all_gathers(self) -> int:
+        """How many all-gathers the call issued."""
+        return sum(c for name, c in self.collectives.items() if "all_gather" in name)
+
+
+@dataclass
+class ValidationReport:
+    """Outcome of :func:`validate_model` (the same on every rank of the domain group).
+
+    Attributes
+    ----------
+    loss_serial, loss_distributed : float
+        The two losses.
+    loss_ok : bool
+        Whether they agree within tolerance.
+    module_errors : dict[str, float]
+        Named module (``name`` or ``name#k`` for its k-th call) -> max abs difference of
+        its output, in call order; modules whose outputs cannot be compared are absent.
+    first_divergent_module : str or None
+        The first module, in call order, whose output differs beyond tolerance.
+    not_compared : dict[str, str]
+        Modules whose outputs were not compared, with the reason.
+    outputs_ok : bool
+        Whether the model's own outputs agree.
+    gradient_errors : dict[str, float]
+        Parameter -> max abs difference of its gradient.
+    bad_gradients : list[str]
+        Parameters whose gradients differ beyond tolerance.
+    missing_gradients : list[str]
+        Parameters with a serial gradient but none distributed (or the reverse).
+    forward_collectives, backward_collectives : dict[str, int]
+        Collectives of the distributed forward (loss included) and backward.
+    fallback_collectives : list[FallbackCollective]
+        Every op call that communicated inside the generic fallback.
+    tf32_was_on : bool
+        Whether TF32 was enabled when the call started.
+    rtol, atol : float
+        Tolerances used.
+    """
+
+    loss_serial: float
+    loss_distributed: float
+    loss_ok: bool
+    module_errors: dict[str, float] = field(default_factory=dict)
+    first_divergent_module: str | None = None
+    not_compared: dict[str, str] = field(default_factory=dict)
+    outputs_ok: bool = True
+    gradient_errors: dict[str, float] = field(default_factory=dict)
+    bad_gradients: list[str] = field(default_factory=list)
+    missing_gradients: list[str] = field(default_factory=list)
+    forward_collectives: dict[str, int] = field(default_factory=dict)
+    backward_collectives: dict[str, int] = field(default_factory=dict)
+    fallback_collectives: list[FallbackCollective] = field(default_factory=list)
+    tf32_was_on: bool = False
+    rtol: float = 1e-5
+    atol: float = 1e-6
+
+    @property
+    def unexpected_all_gathers(self) -> list[FallbackCollective]:
+        """Fallback calls that all-gathered a sharded operand."""
+        return [f for f in self.fallback_collectives if f.all_gathers]
+
+    @property
+    def ok(self) -> bool:
+        """Loss, outputs and gradients agree, and no op fell back to an all-gather."""
+        return (
+            self.loss_ok
+            and self.outputs_ok
+            and self.first_divergent_module is None
+            and not self.bad_gradients
+            and not self.missing_gradients
+            and not self.unexpected_all_gathers
+        )
+
+    def format(self) -> str:
+        """A readable summary."""
+        verdict = "OK" if self.ok else "FAILED"
+        lines = [
+            f"validate_model: {verdict} (rtol={self.rtol:g}, atol={self.atol:g}, TF32 off)",
+            f"  loss serial {self.loss_serial:.8g}, distributed {self.loss_distributed:.8g}"
+            f" -> {'equal' if self.loss_ok else 'DIFFERENT'}",
+            f"  modules compared: {len(self.module_errors)}; first divergent: "
+            f"{self.first_divergent_module or 'none'}",
+            f"  gradients compared: {len(self.gradient_errors)}; differing: "
+            f"{self.bad_gradients or 'none'}; missing: {self.missing_gradients or 'none'}",
+            f"  forward collectives: {self.forward_collectives}",
+            f"  backward collectives: {self.backward_collectives}",
+        ]
+        unexpected = self.unexpected_all_gathers
+        lines.append(f"  unexpected all-gathers (ops that fell back): {len(unexpected)}")
+        for f in unexpected:
+            lines.append(f"    {f.op} in {f.module} ({f.phase}): {f.collectives}")
+        if self.tf32_was_on:
+            lines.append("  note: TF32 was on; it was pinned off for the comparison")
+        return "\n".join(lines)
+
+
+def _comm_name(op: object) -> str:
+    return str(op).split(".")[-1]
+
+
+def _counts(mode: CommDebugMode) -> dict[str, int]:
+    return {_comm_name(k): int(v) for k, v in mode.get_comm_counts().items()}
+
+
+@contextlib.contextmanager
+def tf32_off() -> Iterator[bool]:
+    """Pin TF32 off (matmul, cuDNN, float32 matmul precision); yields whether it was on.
+
+    Warns once per process when TF32 was on.
+    """
+    global _warned_tf32
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
+    was_on = bool(saved[0]) or saved[2] != "highest"
+    if was_on and not _warned_tf32:
+        warnings.warn(
+            "TF32 was enabled: validate_model pins it off for the comparison (TF32 matmuls "
+            "differ from fp32 by ~1e-3, far above the fp32 tolerances used here)",
+            stacklevel=3,
+        )
+        _warned_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield was_on
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.backends.cudnn.allow_tf32 = saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+class _Recorder:
+    """Forward hooks on every named module: call order, outputs, and the module stack."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.outputs: dict[str, Any] = {}
+        self.order: list[str] = []
+        self.stack: list[str] = []
+        self.calls: dict[str, int] = {}
+        self.handles: list[Any] = []
+        self.recording = False
+
+    def __enter__(self) -> _Recorder:
+        for name, module in self.model.named_modules():
+            label = name or "<model>"
+            self.handles.append(module.register_forward_pre_hook(self._pre(label)))
+            self.handles.append(module.register_forward_hook(self._post(label)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def _pre(self, label: str):
+        def hook(module, args):
+            self.stack.append(label)
+
+        return hook
+
+    def _post(self, label: str):
+        def hook(module, args, output):
+            if self.stack and self.stack[-1] == label:
+                self.stack.pop()
+            if not self.recording or label == "<model>":
+                return
+            k = self.calls.get(label, 0)
+            self.calls[label] = k + 1
+            key = label if k == 0 else f"{label}#{k}"
+            self.order.append(key)
+            self.outputs[key] = _detach(output)
+
+        return hook
+
+    def reset(self) -> None:
+        self.outputs, self.order, self.calls, self.stack = {}, [], {}, []
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, Mapping):
+        return {k: _detach(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return (
+            type(value)(_detach(v) for v in value)
+            if isinstance(value, list)
+            else tuple(_detach(v) for v in value)
+        )
+    return value
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        return [t for k in sorted(value) for t in _tensors(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    if isinstance(t, (ShardTensor, DTensor)):
+        return t.full_tensor()
+    return t
+
+
+@contextlib.contextmanager
+def _fallback_tracing(
+    comm: dict[str, CommDebugMode | None], recorder: _Recorder, found: list[FallbackCollective]
+) -> Iterator[None]:
+    """Record the collectives issued inside PhysicsNeMo's two generic fallbacks."""
+    names = ("_torch_function_fallback_via_dtensor", "_dispatch_fallback_via_dtensor")
+    originals = {n: getattr(_shard_tensor_module, n) for n in names}
+    depth = [0]
+
+    def traced(original):
+        def run(func, args, kwargs=None):
+            mode = comm["active"]
+            if mode is None or depth[0]:
+                return original(func, args, kwargs)
+            before = _counts(mode)
+            depth[0] += 1
+            try:
+                return original(func, args, kwargs)
+            finally:
+                depth[0] -= 1
+                after = _counts(mode)
+                diff = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+                if diff:
+                    phase = comm["phase"] or "forward"
+                    module = recorder.stack[-1] if recorder.stack else "<backward>"
+                    op = getattr(func, "__qualname__", None) or str(func)
+                    found.append(FallbackCollective(str(op), module, phase, diff))
+
+        return run
+
+    for n in names:
+        setattr(_shard_tensor_module, n, traced(originals[n]))
+    try:
+        yield
+    finally:
+        for n, fn in originals.items():
+            setattr(_shard_tensor_module, n, fn)
+
+
+def _max_diff(actual: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """Max abs difference, or ``None`` when the shapes differ."""
+    if actual.shape != expected.shape:
+        return None
+    a, e = actual.double(), expected.double()
+    return float((a - e).abs().max()) if a.numel() else 0.0
+
+
+def _within(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> bool:
+    scale = max(1.0, float(expected.abs().max())) if expected.numel() else 1.0
+    return bool(torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol * scale))
+
+
+def validate_model(
+    model: nn.Module | Callable[[], nn.Module],
+    sample: Mapping[str, Any],
+    mesh: FoldMesh,
+    *,
+    loss_fn: LossFn = reference_loss,
+    registry: FeatureRegistry | None = None,
+    scatter_options: Mapping[str, Any] | None = None,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+) -> ValidationReport:
+    """Run ``model`` serially and distributed on ``sample``; compare outputs and gradients.
+
+    Call on every rank of the job (every domain group validates the same sample).
+
+    Parameters
+    ----------
+    model : nn.Module or callable
+        The serial model, or a function that builds it (called once). It is moved to
+        ``mesh.device`` and its parameters are broadcast over the domain group first.
+    sample : Mapping[str, Any]
+        The full serial sample in the layout the model reads (e.g. batched ``[1, ...]``),
+        on EVERY rank: each rank runs the serial reference itself.
+    mesh : FoldMesh
+        From :func:`physicsnemo_foldcp.init_mesh`.
+    loss_fn : callable, default :func:`~physicsnemo_foldcp.models.reference_loss`
+        ``loss_fn(outputs, features)`` -> scalar loss.
+    registry : FeatureRegistry, optional
+        Axis meanings of the features (Boltz-2 preset by default).
+    scatter_options : Mapping, optional
+        Further :func:`~physicsnemo_foldcp.scatter_features` arguments. With per-shard
+        padding, module outputs along padded axes cannot be compared element by element
+        and are listed in ``not_compared``.
+    rtol, atol : float
+        Tolerances; ``atol`` is scaled by ``max(1, max |serial value|)`` per tensor.
+
+    Returns
+    -------
+    ValidationReport
+        See its attributes; ``report.ok`` and ``report.format()``.
+    """
+    if not isinstance(model, nn.Module):
+        model = model()
+    model = model.to(mesh.device)
+    sync_over_domain(model, mesh)
+    device_sample = {
+        k: v.to(mesh.device) if isinstance(v, torch.Tensor) else v for k, v in sample.items()
+    }
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    fallbacks: list[FallbackCollective] = []
+    comm: dict[str, Any] = {"active": None, "phase": None}
+    with tf32_off() as was_on, _Recorder(model) as recorder:
+        model.zero_grad(set_to_none=True)
+        recorder.recording = True
+        serial_out = model(**device_sample)
+        serial_loss = loss_fn(serial_out, device_sample)
+        recorder.recording = False
+        serial_loss.backward()
+        serial_outputs, serial_order = recorder.outputs, recorder.order
+        serial_grads = {
+            n: p.grad.detach().clone() if p.grad is not None else None for n, p in params.items()
+        }
+        model.zero_grad(set_to_none=True)
+        recorder.reset()
+
+        features = scatter_features(
+            device_sample if mesh.is_domain_source else None,
+            mesh,
+            registry=registry,
+            **dict(scatter_options or {}),
+        )
+        tag_maps(features)
+        with _fallback_tracing(comm, recorder, fallbacks), warnings.catch_warnings():
+            # CommDebugMode's module tracker adds full backward hooks to every module;
+            # torch warns that a module returning a dict (the model) gets none.
+            warnings.filterwarnings("ignore", message="For backward hooks to be called")
+            with CommDebugMode() as forward_mode:
+                comm.update(active=forward_mode, phase="forward")
+                recorder.recording = True
+                dist_out = model(**features)
+                dist_loss = loss_fn(dist_out, features)
+                recorder.recording = False
+            with CommDebugMode() as backward_mode:
+                comm.update(active=backward_mode, phase="backward")
+                dist_loss.backward()
+            comm.update(active=None, phase=None)
+
+        report = ValidationReport(
+            loss_serial=float(serial_loss.detach()),
+            loss_distributed=float(_full(dist_loss.detach())),
+            loss_ok=False,
+            tf32_was_on=was_on,
+            rtol=rtol,
+            atol=atol,
+            forward_collectives=_counts(forward_mode),
+            backward_collectives=_counts(backward_mode),
+            fallback_collectives=fallbacks,
+        )
+        report.loss_ok = _within(
+            torch.tensor(report.loss_distributed), torch.tensor(report.loss_serial), rtol, atol
+        )
+        _compare_modules(report, serial_order, serial_outputs, recorder, rtol, atol)
+        _compare_outputs(report, serial_out, dist_out, rtol, atol)
+        _compare_gradients(report, params, serial_grads, rtol, atol)
+    return report
+
+
+def _compare_modules(
+    report: ValidationReport,
+    serial_order: list[str],
+    serial_outputs: Mapping[str, Any],
+    recorder: _Recorder,
+    rtol: float,
+    atol: float,
+) -> None:
+    for key in serial_order:
+        if key not in recorder.outputs:
+            report.not_compared[key] = "not called in the distributed run"
+            continue
+        expected = _tensors(serial_outputs[key])
+        actual = _tensors(recorder.outputs[key])
+        if len(expected) != len(actual):
+            report.not_compared[key] = "different number of output tensors"
+            continue
+        worst, good, comparable = 0.0, True, True
+        for e, a in zip(expected, actual):
+            full = _full(a)
+            diff = _max_diff(full, e)
+            if diff is None:
+                comparable = False
+                report.not_compared[key] = (
+                    f"output shape {tuple(full.shape)} vs serial {tuple(e.shape)} (padding)"
+                )
+                break
+            worst = max(worst, diff)
+            good = good and _within(full, e, rtol, atol)
+        if not comparable:
+            continue
+        report.module_errors[key] = worst
+        if not good and report.first_divergent_module is None:
+            report.first_divergent_module = key
+
+
+def _compare_outputs(report, serial_out, dist_out, rtol: float, atol: float) -> None:
+    expected, actual = _tensors(serial_out), _tensors(dist_out)
+    ok = len(expected) == len(actual)
+    for e, a in zip(expected, actual):
+        full = _full(a.detach())
+        ok = ok and full.shape == e.shape and _within(full, e.detach(), rtol, atol)
+    report.outputs_ok = ok
+
+
+def _compare_gradients(report, params, serial_grads, rtol: float, atol: float) -> None:
+    for name, p in params.items():
+        expected = serial_grads[name]
+        actual = p.grad
+        if (expected is None) != (actual is None):
+            report.missing_gradients.append(name)
+            continue
+        if expected is None:
+            continue
+        full = _full(actual)
+        diff = _max_diff(full, expected)
+        report.gradient_errors[name] = float("inf") if diff is None else diff
+        if diff is None or not _within(full, expected, rtol, atol):
+            report.bad_gradients.append(name)
+
+
+__all__ = [
+    "FallbackCollective",
+    "ValidationReport",
+    "tf32_off",
+    "validate_model",
+]

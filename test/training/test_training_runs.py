@@ -1,0 +1,164 @@
+"""In-process training, resume, prediction and batch checks on the mesh."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from physicsnemo_foldcp.distributed.wrappers import unwrap
+from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel
+from physicsnemo_foldcp.testing import collective_assert
+from physicsnemo_foldcp.training import (
+    BatchSizeError,
+    OptimizerSettings,
+    SyntheticComplexes,
+    TrainSettings,
+    latest_checkpoint,
+    predict,
+    read_distogram,
+    train,
+)
+from physicsnemo_foldcp.training.checkpoint import checkpoint_path
+
+pytestmark = pytest.mark.multigpu_static
+
+CONFIG = ModelConfig(c_atom=8, c_token=16, c_pair=8, n_blocks=1, n_heads=2)
+mesh_id = lambda s: "x".join(map(str, s))  # noqa: E731
+
+
+@pytest.fixture
+def shared_dir():
+    """A temporary directory with the same path on every rank (removed afterwards)."""
+    name = [tempfile.mkdtemp(prefix="foldcp-test-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(name, src=0)
+    yield Path(name[0])
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(name[0], ignore_errors=True)
+
+
+def fresh_model(seed=5):
+    torch.manual_seed(seed)
+    return ReferenceFoldModel(CONFIG)
+
+
+def full(t):
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+@pytest.mark.parametrize(
+    "fold_mesh,wrapper",
+    [((2, 1, 2), "fsdp2"), ((1, 2, 2), "none"), ((3, 1, 2), "ddp"), ((1, 3, 3), "none")],
+    indirect=["fold_mesh"],
+    ids=str,
+)
+def test_resume_continues_with_the_same_losses(fold_mesh, wrapper, shared_dir):
+    """4 steps straight == 2 steps, checkpoint, new process state, resume for 2 more.
+
+    Bit for bit with AdamW when the gradient all-reduce sums at most two values (sums of
+    two floats commute); over 3 DDP ranks gloo's ring order depends on the bucket layout,
+    which DDP rebuilds after its first step, so that case uses SGD with momentum and the
+    fp32 noise floor.
+    """
+    mesh = fold_mesh
+    dataset = SyntheticComplexes(3 * mesh.ddp_size, 9, 17, seed=11, msa_rows=2)
+    exact = mesh.ddp_size <= 2
+    opt = OptimizerSettings(lr=1e-2) if exact else OptimizerSettings("sgd", 0.05, momentum=0.9)
+    common = dict(wrapper=wrapper, seed=2, progress=False, log_every=0)
+    straight = train(
+        fresh_model(),
+        mesh,
+        dataset,
+        TrainSettings(steps=4, checkpoint_every=2, checkpoint_dir=str(shared_dir / "a"), **common),
+        optimizer=opt,
+    )
+    torch.manual_seed(12345)  # the checkpoint must restore the generators, not this seed
+    resumed = train(
+        fresh_model(seed=99),  # other initial weights: the checkpoint must replace them
+        mesh,
+        dataset,
+        TrainSettings(
+            steps=4,
+            checkpoint_dir=str(shared_dir / "b"),
+            resume=str(checkpoint_path(shared_dir / "a", 2)),
+            **common,
+        ),
+        optimizer=opt,
+    )
+    problems = []
+    if resumed.start_step != 2 or resumed.end_step != 4:
+        problems.append(f"resumed steps {resumed.start_step}..{resumed.end_step}, expected 2..4")
+    same = (
+        (lambda a, b: torch.equal(a, b))
+        if exact
+        else (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6))
+    )
+    if not same(torch.tensor(resumed.losses), torch.tensor(straight.losses[2:])):
+        problems.append(f"resumed losses {resumed.losses} != {straight.losses[2:]}")
+    if resumed.indices != straight.indices[2:]:
+        problems.append(f"resumed samples {resumed.indices} != {straight.indices[2:]}")
+    a = dict(unwrap(straight.model).named_parameters())
+    for name, p in unwrap(resumed.model).named_parameters():
+        if not same(full(p.detach()), full(a[name].detach())):
+            problems.append(f"parameter {name} differs after resume")
+    if latest_checkpoint(shared_dir / "b") != checkpoint_path(shared_dir / "b", 4):
+        problems.append(f"latest checkpoint is {latest_checkpoint(shared_dir / 'b')}")
+    collective_assert(not problems, "; ".join(problems[:5]))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 2, 3), (1, 3, 3)], indirect=True, ids=mesh_id)
+def test_a_batch_of_two_stops_before_any_step(fold_mesh):
+    """Samples with a batch axis of 2 are refused on every rank; no parameter moves."""
+    mesh = fold_mesh
+
+    class BatchOfTwo(SyntheticComplexes):
+        def __getitem__(self, index):
+            x = super().__getitem__(index)
+            return {
+                k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in x.items()
+            }
+
+    model = fresh_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(Exception, match=r"batch size 2 per domain group"):
+        train(model, mesh, BatchOfTwo(2, 9, 12, seed=1), TrainSettings(steps=2, progress=False))
+    moved = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    collective_assert(not moved, f"parameters changed: {moved}")
+    with pytest.raises(BatchSizeError, match=r"batch size must be 1.*mesh.ddp"):
+        train(model, mesh, SyntheticComplexes(2, 9, 12), TrainSettings(steps=2, batch_size=2))
+
+
+@pytest.mark.parametrize(
+    "fold_mesh", [(2, 1, 2), (1, 2, 2), (1, 2, 3), (3, 1, 3)], indirect=True, ids=mesh_id
+)
+def test_prediction_writes_the_serial_distograms(fold_mesh, shared_dir):
+    mesh = fold_mesh
+    dataset = SyntheticComplexes(mesh.ddp_size + 1, 9, 19, seed=21, msa_rows=2)
+    model = fresh_model()
+    result = predict(model, mesh, dataset, shared_dir, loader_options={"token_multiple": 2})
+    dist.barrier()
+    problems = []
+    model = model.cpu()
+    with torch.no_grad():
+        for index in range(len(dataset)):
+            sample = dataset[index]
+            path = shared_dir / f"{sample['record_id']}.npz"
+            if not path.is_file():
+                problems.append(f"{path.name} was not written")
+                continue
+            expected = model(**sample)["pdistogram"][0]
+            got = read_distogram(path)
+            if got.shape != expected.shape:
+                problems.append(f"{path.name}: shape {tuple(got.shape)} != {tuple(expected.shape)}")
+            elif not torch.allclose(got, expected, rtol=1e-5, atol=1e-5):
+                problems.append(f"{path.name}: max diff {float((got - expected).abs().max()):.2e}")
+    written = [None] * dist.get_world_size()
+    dist.all_gather_object(written, result.files)
+    every = sorted(f for files in written for f in files)
+    if len(every) != len(dataset) or len(set(every)) != len(dataset):
+        problems.append(f"files written {every}: each sample must be written once")
+    collective_assert(not problems, "; ".join(problems[:5]))
