@@ -45,9 +45,10 @@ def tail(proc):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """The default training run on 4 ranks, 2x2 CP mesh."""
+    """The default training run on 4 ranks, 2x2 CP mesh (a checkpoint every 5 steps)."""
     run_dir = tmp_path_factory.mktemp("train") / "a"
-    proc = launch("train.py", ["mesh.cp=[2,2]", f"run_dir={run_dir}", "train.progress=false"], 4)
+    overrides = ["mesh.cp=[2,2]", f"run_dir={run_dir}", "train.progress=false"]
+    proc = launch("train.py", [*overrides, "train.checkpoint_every=5"], 4)
     assert proc.returncode == 0, tail(proc)
     return run_dir, proc
 
@@ -69,7 +70,7 @@ def test_training_on_4_ranks_lowers_the_loss(trained):
 def test_resume_on_4_ranks_continues_with_the_same_losses(trained, tmp_path):
     run_dir, _ = trained
     resumed = tmp_path / "b"
-    start = checkpoint_path(run_dir / "checkpoints", 20)
+    start = checkpoint_path(run_dir / "checkpoints", 25)
     proc = launch(
         "train.py",
         ["mesh.cp=[2,2]", f"run_dir={resumed}", "train.progress=false", f"train.resume={start}"],
@@ -77,7 +78,7 @@ def test_resume_on_4_ranks_continues_with_the_same_losses(trained, tmp_path):
     )
     assert proc.returncode == 0, tail(proc)
     straight, again = losses(run_dir), losses(resumed)
-    assert sorted(again) == list(range(21, 31)), sorted(again)
+    assert sorted(again) == list(range(26, 31)), sorted(again)
     assert [again[s] for s in again] == [straight[s] for s in again]
 
 
