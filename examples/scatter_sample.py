@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import physicsnemo_foldcp as fc
+from physicsnemo_foldcp.balance import plan_token_bounds
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.report import audit_features, sharding_report
 from physicsnemo_foldcp.testing import collective_assert
@@ -35,7 +36,19 @@ def main(cfg: DictConfig) -> None:
             msa_rows=cfg.sample.msa_rows,
             n_conformers=cfg.sample.n_conformers,
         )
-    sharded = fc.scatter_features(sample, mesh, registry=registry, **cfg.scatter)
+    bounds = None
+    if sample is not None:
+        balance = cfg.balance
+        bounds = plan_token_bounds(
+            sample,
+            mesh.cp,
+            balance=balance.mode,
+            pair_weight=balance.pair_weight,
+            atom_weight=balance.atom_weight,
+        )
+    sharded = fc.scatter_features(
+        sample, mesh, registry=registry, token_bounds=bounds, **cfg.scatter
+    )
     report = sharding_report(sharded)
     findings = audit_features(sharded)
     gathered = fc.gather_features(sharded)

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
+from physicsnemo_foldcp.balance import BALANCE_MODES, plan_token_bounds
 from physicsnemo_foldcp.data.sampling import (
     EpochSampler,
     InferenceOrder,
@@ -346,8 +347,15 @@ class ShardedLoader:
         See :func:`scatter_features`.
     method : {"p2p", "scatter_tensor"}, default "p2p"
         Transport of :func:`scatter_features`.
+    balance : {"even", "balanced"}, default "even"
+        Row blocks of each sample: equal token counts, or boundaries that balance the
+        cost model of :func:`physicsnemo_foldcp.balance.balanced_token_bounds`, computed
+        on the source rank for every sample (an error there reaches every rank like a
+        failed fetch).
+    pair_weight, atom_weight : float, default 0.0, 1.0
+        Weights of the ``"balanced"`` cost model (pair tile, atoms).
     scatter_options : Mapping[str, Any], optional
-        Further keyword arguments for :func:`scatter_features` (e.g. ``token_bounds``).
+        Further keyword arguments for :func:`scatter_features` (e.g. ``map_layout``).
 
     Attributes
     ----------
@@ -387,6 +395,9 @@ class ShardedLoader:
         atom_multiple: int = 1,
         align_lengths: bool = False,
         method: str = "p2p",
+        balance: str = "even",
+        pair_weight: float = 0.0,
+        atom_weight: float = 1.0,
         scatter_options: Mapping[str, Any] | None = None,
     ):
         if mode not in MODES:
@@ -414,6 +425,13 @@ class ShardedLoader:
         clash = {"registry", "error", "mesh", "features"} & set(scatter_options)
         if clash:
             raise ValueError(f"scatter_options may not set {sorted(clash)}")
+        if balance not in BALANCE_MODES:
+            raise ValueError(f"balance must be one of {BALANCE_MODES}, got {balance!r}")
+        if balance != "even" and "token_bounds" in scatter_options:
+            raise ValueError(
+                f"balance={balance!r} computes token_bounds per sample; do not also pass "
+                "scatter_options['token_bounds']"
+            )
         try:
             length = len(dataset)
         except TypeError as err:
@@ -452,6 +470,7 @@ class ShardedLoader:
             "method": method,
             **scatter_options,
         }
+        self.balance = {"balance": balance, "pair_weight": pair_weight, "atom_weight": atom_weight}
         self.skipped: list[SkippedSample] = []
 
     # -- position ---------------------------------------------------------------------------
@@ -573,9 +592,20 @@ class ShardedLoader:
                     sample, error = stream.next(index, mesh.rank)
                 else:
                     sample, error = self._fetch_now(index)
+            bounds = None
+            if sample is not None and error is None and self.balance["balance"] != "even":
+                try:
+                    bounds = plan_token_bounds(sample, mesh.cp, **self.balance)
+                except Exception as err:  # noqa: BLE001 - raised on every rank by the scatter
+                    error = err
+            options = (
+                self.scatter_options
+                if bounds is None
+                else {**self.scatter_options, "token_bounds": bounds}
+            )
             try:
                 features = scatter_features(
-                    sample, mesh, registry=self.registry, error=error, **self.scatter_options
+                    sample, mesh, registry=self.registry, error=error, **options
                 )
             except Exception as err:
                 if self.on_error == "raise" or not _skippable(err):

@@ -49,8 +49,8 @@ def build_dataset(data: Mapping[str, Any]) -> SyntheticComplexes | BatchedFiles:
         ``kind: synthetic`` with ``n_samples``, ``min_tokens``, ``max_tokens``, ``seed``,
         ``preset``, ``msa_rows``, ``n_conformers``; or ``kind: files`` with ``path`` (a
         directory or file of samples) and ``validate``. Loader options (``batch_size``,
-        ``token_multiple``, ``atom_multiple``, ``map_layout``, ``num_workers``) may sit
-        alongside.
+        ``token_multiple``, ``atom_multiple``, ``map_layout``, ``num_workers``,
+        ``balance``) may sit alongside.
 
     Raises
     ------
@@ -61,7 +61,7 @@ def build_dataset(data: Mapping[str, Any]) -> SyntheticComplexes | BatchedFiles:
     """
     check_data_batch(data)
     kind = data.get("kind", "synthetic")
-    loader_keys = ("kind", "batch_size", "map_layout", *_LOADER_KEYS)
+    loader_keys = ("kind", "batch_size", "map_layout", "balance", *_LOADER_KEYS)
     if kind == "synthetic":
         keys = ("n_samples", "min_tokens", "max_tokens", "seed", "preset", "msa_rows")
         _known("data", data, (*loader_keys, *keys, "n_conformers"))
@@ -84,9 +84,15 @@ def build_dataset(data: Mapping[str, Any]) -> SyntheticComplexes | BatchedFiles:
 
 def loader_options(data: Mapping[str, Any]) -> dict[str, Any]:
     """:class:`~physicsnemo_foldcp.data.ShardedLoader` arguments of a ``data`` group."""
-    out = {k: int(data[k]) for k in _LOADER_KEYS if k in data}
+    out: dict[str, Any] = {k: int(data[k]) for k in _LOADER_KEYS if k in data}
     if "map_layout" in data:
         out["scatter_options"] = {"map_layout": str(data["map_layout"])}
+    if data.get("balance") is not None:
+        balance = dict(data["balance"])
+        _known("data.balance", balance, ("mode", "pair_weight", "atom_weight"))
+        out["balance"] = str(balance.get("mode", "even"))
+        out["pair_weight"] = float(balance.get("pair_weight", 0.0))
+        out["atom_weight"] = float(balance.get("atom_weight", 1.0))
     return out
 
 

@@ -464,3 +464,52 @@ def predict_with_datamodule(fold_mesh, files, sizes) -> list[str]:
         if "no val dataset" not in str(err):
             problems.append(f"val_dataloader(): {err}")
     return problems
+
+
+class RnaLigandComplexes(Complexes):
+    """Complexes with a long RNA chain and ligands (1 to 23 atoms per token)."""
+
+    def __getitem__(self, index: int) -> dict:
+        self.calls.append(index)
+        x = make_complex(
+            self.sizes[index],
+            seed=200 + index,
+            preset=self.preset,
+            msa_rows=2,
+            composition={"protein": 0.4, "rna": 0.4, "ligand": 0.2},
+        )
+        x["record_id"] = f"rec{index:03d}"
+        return x
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 2, 3), (1, 3, 3)], indirect=True, ids=mesh_id)
+def test_balanced_loader_uses_the_balanced_bounds_of_every_sample(fold_mesh):
+    from physicsnemo_foldcp.balance import (
+        atoms_per_token,
+        balanced_token_bounds,
+        even_token_bounds,
+    )
+
+    dataset = RnaLigandComplexes(sizes=(31, 44))
+    registry = FeatureRegistry.preset("boltz2")
+    cp0, cp1 = fold_mesh.cp
+    loader = ShardedLoader(
+        dataset, fold_mesh, mode="inference", balance="balanced", pair_weight=0.5
+    )
+    problems, balanced_differs = [], False
+    for item in loader:
+        x = dataset[item.index]
+        expected = balanced_token_bounds(atoms_per_token(x), cp0, cp1=cp1, pair_weight=0.5)
+        got = tuple(item.features.plan.token_bounds)
+        if got != tuple(expected):
+            problems.append(f"sample {item.index}: bounds {got} != balanced {tuple(expected)}")
+        balanced_differs |= got != tuple(even_token_bounds(len(x["token_pad_mask"]), cp0))
+        problems += differences(item.features, x, registry)
+    if not balanced_differs:
+        problems.append("no sample got other bounds than the even split: the test shows nothing")
+    collective_assert(not problems, "; ".join(problems[:6]))
+
+
+def test_balance_options_are_checked():
+    with pytest.raises(ValueError, match="balance must be one of"):
+        ShardedLoader(tiny(2), None, balance="uniform")  # type: ignore[arg-type]

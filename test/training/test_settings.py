@@ -72,6 +72,9 @@ def test_default_configs_compose():
         "atom_multiple": 1,
         "num_workers": 0,
         "scatter_options": {"map_layout": "dense"},
+        "balance": "even",
+        "pair_weight": 0.0,
+        "atom_weight": 1.0,
     }
     model = build_model(cfg["model"], 0)
     assert model.config.c_token == 32 and len(model.blocks) == 2
@@ -92,3 +95,15 @@ def test_bad_options_are_named():
         build_dataset({"kind": "files"})
     with pytest.raises(ValueError, match="data.kind must be one of"):
         build_dataset({"kind": "pdb"})
+
+
+def test_balance_is_selected_in_the_data_config():
+    even = loader_options(config("train")["data"])
+    assert (even["balance"], even["pair_weight"], even["atom_weight"]) == ("even", 0.0, 1.0)
+    overrides = ["data.balance.mode=balanced", "data.balance.pair_weight=0.5"]
+    chosen = loader_options(config("train", overrides)["data"])
+    assert (chosen["balance"], chosen["pair_weight"]) == ("balanced", 0.5)
+    with pytest.raises(ValueError, match=r"unknown data.balance option\(s\) \['weight'\]"):
+        loader_options({"balance": {"mode": "balanced", "weight": 1.0}})
+    scatter = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "scatter.yaml"))
+    assert scatter["balance"]["mode"] == "even" and "balance" not in scatter["scatter"]
