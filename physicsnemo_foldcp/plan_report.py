@@ -1,0 +1,565 @@
+r"""Plan report: what each rank of a ``cp0 x cp1`` mesh would hold of one sample, on one process.
+
+Given a sample (a feature file, or a synthetic complex of a given size) and a mesh shape,
+:func:`plan_report` validates and lays out the sample exactly as the scatter's source rank
+does (:func:`physicsnemo_foldcp.layout.prepare_sample`) and reports, per rank: its serial
+token and atom ranges, its token column block, the bytes of its blocks per feature group,
+the elements it holds at pad positions, and the imbalance of atoms, pair elements and bytes
+across ranks. :func:`draw_plan` draws the partition. No process group is needed.
+
+Command line::
+
+    python -m physicsnemo_foldcp.plan_report --tokens 512 --cp 2 3 [--preset boltz2] \
+        [--balanced] [--features sample.pt|sample.npz] [--png plan.png]
+
+Feature groups (by the registry's axis meanings, first match wins): ``pair`` (two token
+axes), ``msa`` (an MSA axis), ``atom`` (an atoms or rset axis: atom features, coordinates,
+atom<->token maps), ``token`` (a token axis), ``other`` (everything else: replicated lists
+and passed-through tensors, held whole by every rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from physicsnemo_foldcp.balance import (
+    PlanCost,
+    atoms_per_token,
+    balanced_token_bounds,
+    even_token_bounds,
+    plan_cost,
+)
+from physicsnemo_foldcp.features.registry import FeatureRegistry
+from physicsnemo_foldcp.features.spec import ATOMS, LAYOUT_AXES, MSA, PASSTHROUGH, RSET, TOKENS
+from physicsnemo_foldcp.layout import FeatureMeta, local_shape, prepare_sample
+from physicsnemo_foldcp.plan import ShardingPlan
+
+GROUPS = ("token", "pair", "atom", "msa", "other")
+"""Feature groups of the report, in print order."""
+
+
+def feature_group(axes: Sequence[str | None]) -> str:
+    """Group of a feature from its registry axes (see the module docstring)."""
+    if sum(a == TOKENS for a in axes) >= 2:
+        return "pair"
+    if MSA in axes:
+        return "msa"
+    if ATOMS in axes or RSET in axes:
+        return "atom"
+    if TOKENS in axes:
+        return "token"
+    return "other"
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    """What one rank holds of the sample.
+
+    Attributes
+    ----------
+    domain_rank : int
+        Row-major rank in the domain group, ``i * cp1 + j``.
+    coordinate : tuple[int, int]
+        ``(i, j)`` in the ``(cp0, cp1)`` mesh.
+    tokens, atoms : tuple[int, int]
+        Serial ``[start, stop)`` of the row block's tokens and atoms.
+    columns : tuple[int, int]
+        ``[start, stop)`` of the token column block, in the padded layout.
+    local_tokens, local_atoms : int
+        Row-block lengths in the padded layout (per-shard pads included).
+    group_bytes : dict[str, int]
+        Bytes of this rank's blocks per feature group (:data:`GROUPS`).
+    elements : int
+        Elements of all its blocks.
+    pad_elements : int
+        Of those, elements at positions the plan inserted (per-shard padding).
+    """
+
+    domain_rank: int
+    coordinate: tuple[int, int]
+    tokens: tuple[int, int]
+    atoms: tuple[int, int]
+    columns: tuple[int, int]
+    local_tokens: int
+    local_atoms: int
+    group_bytes: dict[str, int]
+    elements: int
+    pad_elements: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all this rank's blocks."""
+        return sum(self.group_bytes.values())
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """Per-rank contents and balance of one sample on one plan (see :func:`plan_report`).
+
+    Attributes
+    ----------
+    plan : ShardingPlan
+        The plan.
+    ranks : list[RankLoad]
+        One per rank, row-major over ``(cp0, cp1)``.
+    cost : PlanCost
+        Atoms and pair elements per rank of this plan's row blocks (real atoms).
+    even_cost : PlanCost
+        The same for the default even split, for comparison.
+    atoms_per_token : torch.Tensor
+        int64 ``[N]`` real atoms of each token.
+    features : list[FeatureMeta]
+        The sample's features in the padded layout.
+    label : str
+        ``"even"`` or ``"balanced"``.
+    """
+
+    plan: ShardingPlan
+    ranks: list[RankLoad]
+    cost: PlanCost
+    even_cost: PlanCost
+    atoms_per_token: torch.Tensor
+    features: list[FeatureMeta] = field(default_factory=list)
+    label: str = "even"
+
+    @property
+    def real_elements(self) -> int:
+        """Elements of the sample in the serial layout (all features, once)."""
+        return sum(math.prod(f.serial_shape) for f in self.features)
+
+    @property
+    def padded_elements(self) -> int:
+        """Elements of the sample in the padded layout (all features, once)."""
+        return sum(math.prod(f.padded_shape) for f in self.features)
+
+    @property
+    def byte_imbalance(self) -> float:
+        """Largest / mean bytes per rank."""
+        values = [r.nbytes for r in self.ranks]
+        mean = sum(values) / len(values)
+        return max(values) / mean if mean else 1.0
+
+    def format(self) -> str:
+        """The report as text: one table row per rank, then padding and imbalance lines."""
+        cp0, cp1 = self.plan.cp
+        n, a = self.plan.n_tokens, self.plan.n_atoms
+        lines = [
+            f"plan ({self.label}) on cp0 x cp1 = {cp0} x {cp1}: {n} tokens "
+            f"(padded {self.plan.padded_length(TOKENS)}), {a} atoms "
+            f"(padded {self.plan.padded_length(ATOMS) if a else 0}), "
+            f"{len(self.features)} features, token bounds {list(self.plan.token_bounds)}",
+            "",
+            "| rank | coord | tokens | columns | atoms | local tokens | local atoms | "
+            + " | ".join(f"{g} B" for g in GROUPS)
+            + " | total B | pad elements |",
+            "|" + "---|" * (9 + len(GROUPS)),
+        ]
+        for r in self.ranks:
+            lines.append(
+                f"| {r.domain_rank} | ({r.coordinate[0]},{r.coordinate[1]}) | "
+                f"[{r.tokens[0]},{r.tokens[1]}) | [{r.columns[0]},{r.columns[1]}) | "
+                f"[{r.atoms[0]},{r.atoms[1]}) | {r.local_tokens} | {r.local_atoms} | "
+                + " | ".join(str(r.group_bytes[g]) for g in GROUPS)
+                + f" | {r.nbytes} | {r.pad_elements} |"
+            )
+        pad = self.padded_elements - self.real_elements
+        lines += [
+            "",
+            f"padding: {pad} pad elements on {self.real_elements} real elements "
+            f"({100 * pad / max(self.real_elements, 1):.3f}%); held by ranks: "
+            f"{sum(r.pad_elements for r in self.ranks)} pad of "
+            f"{sum(r.elements for r in self.ranks)} elements",
+            f"imbalance (max/mean per rank): atoms {self.cost.atom_imbalance:.3f}, "
+            f"pair elements {self.cost.pair_imbalance:.3f}, bytes {self.byte_imbalance:.3f}",
+            f"even split for comparison: atoms {self.even_cost.atom_imbalance:.3f}, "
+            f"pair elements {self.even_cost.pair_imbalance:.3f}",
+            "atoms per row block: "
+            + ", ".join(str(x) for x in self.cost.row_atoms)
+            + " (even split: "
+            + ", ".join(str(x) for x in self.even_cost.row_atoms)
+            + ")",
+        ]
+        return "\n".join(lines)
+
+
+def _real_count(plan: ShardingPlan, axis: str, start: int, stop: int) -> int:
+    """Non-pad positions of ``axis`` in ``[start, stop)`` of its padded layout."""
+    if not plan.has_padding(axis):
+        return stop - start
+    return int((~plan.is_pad(axis)[start:stop]).sum())
+
+
+def _block_range(
+    spec_axes: Sequence[str | None], dim: int, sharded: dict[int, int], plan, coord, length
+) -> tuple[int, int]:
+    for mesh_dim, d in sharded.items():
+        if d == dim:
+            return plan.block(spec_axes[dim], mesh_dim, coord[mesh_dim])
+    return 0, length
+
+
+def _rank_load(
+    prepared_metas: Sequence[FeatureMeta],
+    registry: FeatureRegistry,
+    plan: ShardingPlan,
+    coord: tuple[int, int],
+) -> tuple[dict[str, int], int, int]:
+    group_bytes = dict.fromkeys(GROUPS, 0)
+    elements = pad_elements = 0
+    for meta in prepared_metas:
+        spec = registry[meta.name]
+        axes = spec.axes[: len(meta.padded_shape)]
+        if spec.mode == PASSTHROUGH:
+            shape = meta.padded_shape
+        else:
+            shape = local_shape(spec, meta.padded_shape, plan, coord)
+        numel = math.prod(shape)
+        size = torch.empty((), dtype=meta.dtype).element_size()
+        group_bytes[feature_group(spec.axes)] += numel * size
+        real = 1
+        sharded = spec.sharded_axes if spec.mode != PASSTHROUGH else {}
+        for dim, length in enumerate(shape):
+            axis = axes[dim]
+            if axis in LAYOUT_AXES and spec.mode != PASSTHROUGH:
+                start, stop = _block_range(axes, dim, sharded, plan, coord, meta.padded_shape[dim])
+                real *= _real_count(plan, axis, start, stop)
+            else:
+                real *= length
+        elements += numel
+        pad_elements += numel - real
+    return group_bytes, elements, pad_elements
+
+
+def plan_report(
+    features: Mapping[str, Any],
+    cp: tuple[int, int],
+    *,
+    registry: FeatureRegistry | None = None,
+    token_bounds: Sequence[int] | None = None,
+    token_multiple: int = 1,
+    atom_multiple: int = 1,
+    map_layout: str = "dense",
+    label: str | None = None,
+) -> PlanReport:
+    """Lay out one sample on its plan (one process) and report every rank's share.
+
+    Parameters
+    ----------
+    features : Mapping[str, Any]
+        The serial sample (unbatched or with a leading batch axis of 1).
+    cp : tuple[int, int]
+        ``(cp0, cp1)``.
+    registry : FeatureRegistry, optional
+        Axis meanings; the Boltz-2 preset by default.
+    token_bounds : sequence of int, optional
+        Row-block boundaries (e.g. :func:`physicsnemo_foldcp.balance.balanced_token_bounds`);
+        the even split by default.
+    token_multiple, atom_multiple : int, default 1
+        Per-shard padding multiples, as in :func:`physicsnemo_foldcp.scatter_features`.
+    map_layout : {"dense", "index"}, default "dense"
+        Layout of the atom<->token maps, as in the scatter.
+    label : str, optional
+        Name of the plan in the printout; ``"even"`` or ``"balanced"`` by default.
+
+    Returns
+    -------
+    PlanReport
+        Exactly what :func:`physicsnemo_foldcp.scatter_features` would put on each rank
+        (same validation and layout code), without any communication.
+    """
+    registry = registry if registry is not None else FeatureRegistry.preset("boltz2")
+    cp = (int(cp[0]), int(cp[1]))
+    bounds = tuple(int(b) for b in token_bounds) if token_bounds is not None else None
+    prepared = prepare_sample(
+        features,
+        registry,
+        cp,
+        token_multiple=token_multiple,
+        atom_multiple=atom_multiple,
+        token_bounds=bounds,
+        map_layout=map_layout,
+    )
+    plan = prepared.plan
+    counts = atoms_per_token(features) if "atom_to_token" in features else None
+    if counts is None or counts.numel() != plan.n_tokens:
+        counts = torch.zeros(plan.n_tokens, dtype=torch.int64)
+    ranks = []
+    for i in range(cp[0]):
+        for j in range(cp[1]):
+            group_bytes, elements, pads = _rank_load(prepared.metas, registry, plan, (i, j))
+            has_atoms = plan.n_atoms > 0
+            ranks.append(
+                RankLoad(
+                    domain_rank=i * cp[1] + j,
+                    coordinate=(i, j),
+                    tokens=plan.serial_range(TOKENS, i),
+                    atoms=plan.serial_range(ATOMS, i) if has_atoms else (0, 0),
+                    columns=plan.block(TOKENS, 1, j),
+                    local_tokens=plan.row_sizes(TOKENS)[i],
+                    local_atoms=plan.row_sizes(ATOMS)[i] if has_atoms else 0,
+                    group_bytes=group_bytes,
+                    elements=elements,
+                    pad_elements=pads,
+                )
+            )
+    even = even_token_bounds(plan.n_tokens, cp[0])
+    return PlanReport(
+        plan=plan,
+        ranks=ranks,
+        cost=plan_cost(plan.token_bounds, counts, cp),
+        even_cost=plan_cost(even, counts, cp),
+        atoms_per_token=counts,
+        features=list(prepared.metas),
+        label=label or ("even" if plan.token_bounds == even else "balanced"),
+    )
+
+
+def draw_plan(report: PlanReport, path: str | Path) -> Path:
+    """Draw the partition as a PNG: row blocks over atoms per token, pair tiles, per-rank load.
+
+    Parameters
+    ----------
+    report : PlanReport
+        From :func:`plan_report`.
+    path : str or Path
+        Output file (``.png``); parent folders are created.
+
+    Returns
+    -------
+    Path
+        The file written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    plan, cp0, cp1 = report.plan, report.plan.cp[0], report.plan.cp[1]
+    n = plan.n_tokens
+    colors = plt.get_cmap("tab10" if cp0 * cp1 <= 10 else "tab20")
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    title = (
+        f"{report.label} plan, cp0 x cp1 = {cp0} x {cp1}, N = {n}, A = {plan.n_atoms}: "
+        f"atoms max/mean {report.cost.atom_imbalance:.3f} "
+        f"(even {report.even_cost.atom_imbalance:.3f})"
+    )
+    fig.suptitle(title)
+
+    ax = axes[0, 0]
+    counts = report.atoms_per_token.numpy()
+    for i in range(cp0):
+        t0, t1 = plan.serial_range(TOKENS, i)
+        ax.axvspan(t0, t1, color=colors(i * cp1 % colors.N), alpha=0.18)
+        ax.bar(range(t0, t1), counts[t0:t1], width=1.0, color=colors(i * cp1 % colors.N))
+        ax.text(
+            (t0 + t1) / 2,
+            max(counts.max(initial=1), 1) * 1.02,
+            f"row {i}\n{t1 - t0} tok\n{report.cost.row_atoms[i]} at",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax.set_xlim(0, max(n, 1))
+    ax.set_ylim(0, max(counts.max(initial=1), 1) * 1.35)
+    ax.set_xlabel("token (serial order)")
+    ax.set_ylabel("atoms per token")
+    ax.set_title("row blocks over cp0: tokens and their atoms")
+
+    ax = axes[0, 1]
+    total = plan.padded_length(TOKENS)
+    for r in report.ranks:
+        i, j = r.coordinate
+        y0, y1 = plan.block(TOKENS, 0, i)
+        x0, x1 = r.columns
+        ax.add_patch(
+            Rectangle(
+                (x0, y0), x1 - x0, y1 - y0, facecolor=colors(r.domain_rank % colors.N), alpha=0.6
+            )
+        )
+        ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="black"))
+        ax.text(
+            (x0 + x1) / 2,
+            (y0 + y1) / 2,
+            f"rank {r.domain_rank}\n{y1 - y0} x {x1 - x0}",
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
+    ax.set_xlim(0, max(total, 1))
+    ax.set_ylim(max(total, 1), 0)
+    ax.set_aspect("equal")
+    ax.set_xlabel("token column (cp1 blocks)")
+    ax.set_ylabel("token row (cp0 blocks)")
+    ax.set_title("pair tiles (padded layout)")
+
+    ax = axes[1, 0]
+    labels = [f"{r.domain_rank}\n({r.coordinate[0]},{r.coordinate[1]})" for r in report.ranks]
+    atoms = report.cost.rank_atoms
+    even_atoms = report.even_cost.rank_atoms
+    x = torch.arange(len(report.ranks)).numpy()
+    ax.bar(x - 0.2, even_atoms, width=0.4, color="lightgray", label="even split")
+    ax.bar(x + 0.2, atoms, width=0.4, color="tab:blue", label=f"this plan ({report.label})")
+    ax.axhline(sum(atoms) / max(len(atoms), 1), color="black", lw=1, ls="--", label="mean")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("atoms per rank")
+    ax.set_title("atoms per rank")
+    ax.legend(fontsize=8)
+
+    ax = axes[1, 1]
+    bottom = [0.0] * len(report.ranks)
+    for k, group in enumerate(GROUPS):
+        values = [r.group_bytes[group] / 2**20 for r in report.ranks]
+        ax.bar(x, values, bottom=bottom, color=plt.get_cmap("Set2")(k), label=group)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("MiB per rank")
+    ax.set_title(f"bytes per rank by feature group (max/mean {report.byte_imbalance:.3f})")
+    ax.legend(fontsize=8)
+
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def load_features(path: str | Path) -> dict[str, Any]:
+    """Read one sample from a ``.pt`` (``torch.save`` of a dict) or ``.npz`` file.
+
+    Raises
+    ------
+    ValueError
+        On another suffix, or a file that does not hold a dict of tensors.
+    """
+    path = Path(path)
+    if path.suffix == ".pt":
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{path}: expected a dict of tensors, got {type(data).__name__}")
+        return dict(data)
+    if path.suffix == ".npz":
+        import numpy as np
+
+        with np.load(path, allow_pickle=False) as archive:
+            return {
+                k: torch.from_numpy(archive[k].copy())
+                if archive[k].dtype.kind != "U"
+                else str(archive[k])
+                for k in archive.files
+            }
+    raise ValueError(f"{path}: unknown feature file type {path.suffix!r}; use .pt or .npz")
+
+
+def _parse_composition(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    out = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if not value:
+            raise argparse.ArgumentTypeError(
+                f"composition {text!r}: write kind=fraction pairs, e.g. protein=0.4,rna=0.4"
+            )
+        out[key.strip()] = float(value)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface of ``python -m physicsnemo_foldcp.plan_report``."""
+    p = argparse.ArgumentParser(
+        prog="python -m physicsnemo_foldcp.plan_report",
+        description="Per-rank token/atom ranges, bytes per feature group, padding and "
+        "imbalance of one sample on a cp0 x cp1 mesh, and a PNG of the partition.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--tokens", type=int, help="size of a synthetic complex (tokens)")
+    source.add_argument("--features", type=Path, help="a sample saved as .pt or .npz")
+    p.add_argument("--cp", type=int, nargs=2, required=True, metavar=("CP0", "CP1"))
+    p.add_argument("--preset", choices=("boltz1", "boltz2"), default="boltz2")
+    p.add_argument("--balanced", action="store_true", help="use the balanced row blocks")
+    p.add_argument("--pair-weight", type=float, default=0.0, help="balanced: pair weight")
+    p.add_argument("--atom-weight", type=float, default=1.0, help="balanced: atom weight")
+    p.add_argument("--token-multiple", type=int, default=1)
+    p.add_argument("--atom-multiple", type=int, default=1)
+    p.add_argument("--map-layout", choices=("dense", "index"), default="dense")
+    p.add_argument("--seed", type=int, default=0, help="synthetic complex seed")
+    p.add_argument("--msa-rows", type=int, default=256, help="synthetic complex MSA depth")
+    p.add_argument(
+        "--composition",
+        type=_parse_composition,
+        default=None,
+        help="synthetic token fractions, e.g. protein=0.4,rna=0.4,ligand=0.2",
+    )
+    p.add_argument("--png", type=Path, help="write the partition drawing here")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the plan report; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    cp0, cp1 = args.cp
+    if cp0 < 1 or cp1 < 1:
+        print(f"error: --cp {cp0} {cp1}: both sizes must be >= 1", file=sys.stderr)
+        return 2
+    registry = FeatureRegistry.preset(args.preset)
+    if args.features is not None:
+        features = load_features(args.features)
+    else:
+        from physicsnemo_foldcp.data.synthetic import make_complex
+
+        features = make_complex(
+            args.tokens,
+            seed=args.seed,
+            preset=args.preset,
+            msa_rows=args.msa_rows,
+            composition=args.composition,
+        )
+    bounds = None
+    if args.balanced:
+        bounds = balanced_token_bounds(
+            atoms_per_token(features),
+            cp0,
+            cp1=cp1,
+            pair_weight=args.pair_weight,
+            atom_weight=args.atom_weight,
+        )
+    report = plan_report(
+        features,
+        (cp0, cp1),
+        registry=registry,
+        token_bounds=bounds,
+        token_multiple=args.token_multiple,
+        atom_multiple=args.atom_multiple,
+        map_layout=args.map_layout,
+        label="balanced" if args.balanced else "even",
+    )
+    print(report.format())
+    if args.png is not None:
+        print(f"partition drawn to {draw_plan(report, args.png)}")
+    return 0
+
+
+__all__ = [
+    "GROUPS",
+    "PlanReport",
+    "RankLoad",
+    "draw_plan",
+    "feature_group",
+    "load_features",
+    "main",
+    "plan_report",
+]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
