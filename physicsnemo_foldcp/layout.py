@@ -1,22 +1,28 @@
 """Validate one sample's feature dict against the registry and lay it out on the plan.
 
 This is the source rank's half of the scatter, and pure tensor code: no communication.
-:func:`prepare_sample` checks the features, builds the :class:`ShardingPlan`, and returns
-every feature in the padded layout; :func:`local_block` / :func:`local_shape` /
-:func:`sharding_shapes` cut that layout into the block of one rank.
+:func:`prepare_sample` checks the features and builds the :class:`ShardingPlan`; the
+:class:`PreparedSample` it returns writes the block of any rank straight from the serial
+tensors (:meth:`PreparedSample.write_block`, :func:`pack_rank`), so the padded layout of
+the whole sample is never built unless asked for (:attr:`PreparedSample.padded`).
+:func:`local_block` / :func:`local_shape` / :func:`sharding_shapes` cut a padded-layout
+tensor into the block of one rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from physicsnemo_foldcp.distributed.packing import pack_into
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import (
     ATOMS,
+    LAYOUT_AXES,
     MSA,
     PASSTHROUGH,
     RSET,
@@ -27,6 +33,7 @@ from physicsnemo_foldcp.plan import (
     FeatureValidationError,
     ShardingPlan,
     atom_tokens_from_map,
+    binary_rows,
     build_plan,
     check_map_within_tokens,
 )
@@ -61,9 +68,33 @@ class FeatureMeta:
     compact_of: torch.dtype | None = None
 
 
+class _PaddedFeatures(Mapping):
+    """Name -> feature in the padded layout, each built on first access and kept."""
+
+    def __init__(self, prepared: PreparedSample) -> None:
+        self._prepared = prepared
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._cache:
+            self._cache[name] = self._prepared.padded_feature(name)
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._prepared.sources)
+
+    def __len__(self) -> int:
+        return len(self._prepared.sources)
+
+
 @dataclass
 class PreparedSample:
-    """A validated sample in the padded layout (source rank only).
+    """A validated sample and its plan (source rank only).
+
+    The features stay in the serial layout (index values remapped, index-layout maps
+    already converted); :meth:`write_block` writes any rank's block of a feature straight
+    into a given tensor, padding only where the plan inserts pads. A dense one-hot map of
+    exact 0s and 1s is written from its index vector (zeros, then its ones).
 
     Attributes
     ----------
@@ -71,19 +102,212 @@ class PreparedSample:
         Blocks per rank.
     metas : list[FeatureMeta]
         One per tensor feature, sorted by name.
-    padded : dict[str, torch.Tensor]
-        Unbatched features in the padded layout (index values remapped).
+    sources : dict[str, torch.Tensor]
+        Unbatched features the blocks are cut from: the serial layout, except the names
+        in ``laid_out``.
+    specs : dict[str, FeatureSpec]
+        Registry entry of every feature.
     values : dict[str, Any]
         Non-tensor entries, passed through unchanged.
     batched : bool
         Whether the features carried a leading batch axis of 1.
+    laid_out : frozenset[str]
+        Features whose source is already in the padded layout.
+    map_rows : dict[str, torch.Tensor]
+        For each dense one-hot map with an integer or bool dtype, only 0s and 1s, at most
+        one 1 per row and pad value 0: int64 ``[rows]``, the serial column of each serial
+        row's 1 (-1 for none). Its blocks are written from this vector.
     """
 
     plan: ShardingPlan
     metas: list[FeatureMeta]
-    padded: dict[str, torch.Tensor]
+    sources: dict[str, torch.Tensor]
+    specs: dict[str, FeatureSpec]
     values: dict[str, Any] = field(default_factory=dict)
     batched: bool = False
+    laid_out: frozenset[str] = frozenset()
+    map_rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    _padded: _PaddedFeatures | None = field(default=None, init=False, repr=False)
+    _padded_rows: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def padded(self) -> Mapping[str, torch.Tensor]:
+        """Unbatched features in the padded layout (built per feature on first access)."""
+        if self._padded is None:
+            self._padded = _PaddedFeatures(self)
+        return self._padded
+
+    def padded_feature(self, name: str) -> torch.Tensor:
+        """One feature in the padded layout (a new tensor unless the layout is the serial one).
+
+        Parameters
+        ----------
+        name : str
+            Feature key.
+
+        Returns
+        -------
+        torch.Tensor
+            The unbatched feature as ``full_tensor()`` holds it.
+        """
+        spec, source = self.specs[name], self.sources[name]
+        if spec.mode == PASSTHROUGH or name in self.laid_out:
+            return source
+        return self.plan.to_padded(source, spec.axes, spec.pad_value)
+
+    def local_layout(self, coord: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """``(local shape, dtype)`` of every feature (sorted by name) at ``coord``."""
+        return [
+            (local_shape(self.specs[f.name], f.padded_shape, self.plan, coord), f.dtype)
+            if self.specs[f.name].mode != PASSTHROUGH
+            else (f.padded_shape, f.dtype)
+            for f in self.metas
+        ]
+
+    def write_block(
+        self, name: str, coord: tuple[int, int], out: torch.Tensor, *, zeroed: bool = False
+    ) -> None:
+        """Write the block of feature ``name`` held at domain coordinate ``coord`` into ``out``.
+
+        Equal to ``local_block(spec, self.padded[name], plan, coord)``, but written
+        straight from the serial tensor: each run of real positions is copied once, the
+        pad value is written only at the positions the plan inserted, and a map in
+        ``map_rows`` is written as zeros plus its ones.
+
+        Parameters
+        ----------
+        name : str
+            Feature key.
+        coord : tuple[int, int]
+            Domain coordinate ``(i, j)`` of the rank.
+        out : torch.Tensor
+            Destination of the block's local shape and the feature's dtype (any device).
+        zeroed : bool, default False
+            ``out`` already holds zeros (a map in ``map_rows`` then only gets its ones).
+        """
+        spec, source = self.specs[name], self.sources[name]
+        if spec.mode == PASSTHROUGH:
+            out.copy_(source)
+            return
+        if name in self.laid_out:
+            out.copy_(local_block(spec, source, self.plan, coord))
+            return
+        ranges = self._block_ranges(name, coord)
+        if name in self.map_rows:
+            (row_start, row_stop), (column_start, column_stop) = ranges
+            columns = self._padded_map_rows(name)[row_start:row_stop]
+            rows = ((columns >= column_start) & (columns < column_stop)).nonzero().flatten()
+            if not zeroed:
+                out.zero_()
+            if rows.numel():
+                rows = rows.to(out.device)
+                out[rows, columns.to(out.device)[rows] - column_start] = 1
+            return
+        real: list[list[tuple[int, int, int]]] = []
+        for dim, (axis, (start, stop)) in enumerate(zip(spec.axes, ranges)):
+            runs, pads = _layout_runs(self.plan, axis, start, stop)
+            real.append(runs)
+            if pads:
+                fill = torch.full((), spec.pad_value, dtype=out.dtype)
+                for offset, length in pads:
+                    out.narrow(dim, offset, length).fill_(fill)
+        for combo in itertools.product(*real):
+            dst, src = out, source
+            for dim, (offset, serial_start, length) in enumerate(combo):
+                dst = dst.narrow(dim, offset, length)
+                src = src.narrow(dim, serial_start, length)
+            dst.copy_(src)
+
+    def _block_ranges(self, name: str, coord: tuple[int, int]) -> list[tuple[int, int]]:
+        """``(start, stop)`` in the padded layout of every dim of the block at ``coord``."""
+        spec, source = self.specs[name], self.sources[name]
+        sharded = {dim: mesh_dim for mesh_dim, dim in spec.sharded_axes.items()}
+        ranges = []
+        for dim, axis in enumerate(spec.axes):
+            if dim in sharded:
+                ranges.append(self.plan.block(axis, sharded[dim], coord[sharded[dim]]))
+            elif axis in LAYOUT_AXES and self.plan.has_padding(axis):
+                ranges.append((0, self.plan.padded_length(axis)))
+            else:
+                ranges.append((0, int(source.shape[dim])))
+        return ranges
+
+    def _padded_map_rows(self, name: str) -> torch.Tensor:
+        """``map_rows[name]`` in the padded layout (rows and column values), kept."""
+        if name not in self._padded_rows:
+            spec = self.specs[name]
+            self._padded_rows[name] = _pad_map_index(self.plan, spec, self.map_rows[name])
+        return self._padded_rows[name]
+
+
+def _layout_runs(
+    plan: ShardingPlan, axis: str | None, start: int, stop: int
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """Real and pad runs of the padded positions ``[start, stop)`` of one axis.
+
+    Returns
+    -------
+    tuple[list[tuple[int, int, int]], list[tuple[int, int]]]
+        ``(local offset, serial start, length)`` of every run of real positions and
+        ``(local offset, length)`` of every run of inserted pads, offsets from ``start``.
+    """
+    if axis not in LAYOUT_AXES or not plan.has_padding(axis):
+        return ([(0, start, stop - start)] if stop > start else []), []
+    real: list[tuple[int, int, int]] = []
+    pads: list[tuple[int, int]] = []
+    row_start = 0
+    for row, size in enumerate(plan.row_sizes(axis)):
+        serial_start, serial_stop = plan.serial_range(axis, row)
+        real_stop = row_start + serial_stop - serial_start
+        low, high = max(start, row_start), min(stop, real_stop)
+        if high > low:
+            real.append((low - start, serial_start + low - row_start, high - low))
+        low, high = max(start, real_stop), min(stop, row_start + size)
+        if high > low:
+            pads.append((low - start, high - low))
+        row_start += size
+    return real, pads
+
+
+def pack_rank(
+    prepared: PreparedSample,
+    coord: tuple[int, int],
+    device: torch.device | None = None,
+    *,
+    transient: bool = False,
+) -> torch.Tensor:
+    """One rank's packed buffer: its block of every feature, written in place.
+
+    The same bytes as :func:`physicsnemo_foldcp.distributed.packing.pack` of the rank's
+    ``local_block`` of every padded feature, without building the padded layout or any
+    block in between.
+
+    Parameters
+    ----------
+    prepared : PreparedSample
+        From :func:`prepare_sample`.
+    coord : tuple[int, int]
+        Domain coordinate ``(i, j)`` of the rank.
+    device : torch.device, optional
+        Device of the buffer (CPU by default).
+    transient : bool, default False
+        The buffer only lives until it is sent: it then starts as a
+        :func:`~physicsnemo_foldcp.distributed.packing.zeroed_buffer` (on the CPU, a memory
+        map whose untouched pages cost nothing), and the zeros of the one-hot maps are not
+        written.
+
+    Returns
+    -------
+    torch.Tensor
+        uint8 buffer laid out as ``packed_size(prepared.local_layout(coord))``.
+    """
+    names = [f.name for f in prepared.metas]
+    return pack_into(
+        prepared.local_layout(coord),
+        lambda index, slot: prepared.write_block(names[index], coord, slot, zeroed=transient),
+        device=device,
+        zeroed=transient,
+    )
 
 
 MAP_LAYOUTS = ("dense", "index")
@@ -92,6 +316,9 @@ MAP_LAYOUTS = ("dense", "index")
 
 def dense_map_to_index(dense: torch.Tensor) -> torch.Tensor:
     """``[X, Y]`` one-hot map -> int64 ``[X]``: the column of each row's 1, or -1 for none."""
+    rows = binary_rows(dense)
+    if rows is not None:
+        return torch.where(rows[0] > 0, rows[1], -1)
     nonzero = dense != 0
     return torch.where(nonzero.any(-1), nonzero.to(torch.int8).argmax(-1), -1)
 
@@ -209,7 +436,7 @@ def _find_map(registry: FeatureRegistry, names, axes: tuple[str, str]) -> str | 
 def _check_index_range(name: str, t: torch.Tensor, target: str, length: int) -> None:
     if t.numel() == 0:
         return
-    low, high = int(t.min()), int(t.max())
+    low, high = (int(v) for v in torch.aminmax(t))
     if low < 0 or high >= length:
         bad = low if low < 0 else high
         raise FeatureValidationError(
@@ -229,7 +456,11 @@ def prepare_sample(
     token_bounds: tuple[int, ...] | None = None,
     map_layout: str = "dense",
 ) -> PreparedSample:
-    """Validate a serial sample and lay out every feature on its sharding plan.
+    """Validate a serial sample and plan the layout of every feature.
+
+    Each dense map is scanned once for validation (a few reductions, no copies of it);
+    no feature is copied into the padded layout here: the blocks are written from the
+    serial tensors when packed (:meth:`PreparedSample.write_block`).
 
     Parameters
     ----------
@@ -254,6 +485,7 @@ def prepare_sample(
     Returns
     -------
     PreparedSample
+        The plan, metadata and sources; ``padded`` builds the padded layout on access.
 
     Raises
     ------
@@ -292,6 +524,7 @@ def prepare_sample(
             "the sample has no sharded feature with a token axis; nothing to plan from"
         )
 
+    map_index: dict[str, torch.Tensor] = {}
     atom_tokens = None
     if ATOMS in lengths:
         map_name = _find_map(registry, tensors, (ATOMS, TOKENS))
@@ -305,6 +538,7 @@ def prepare_sample(
             atom_tokens = atom_tokens_from_map(tensors[map_name], pad_mask)
         except FeatureValidationError as err:
             raise FeatureValidationError(str(err).replace("atom_to_token", map_name)) from None
+        map_index[map_name] = atom_tokens
     rset_name = _find_map(registry, tensors, (RSET, ATOMS))
     plan = build_plan(
         lengths,
@@ -319,9 +553,11 @@ def prepare_sample(
         for name in sorted(tensors):
             spec = registry[name]
             if spec.one_hot and spec.axes == (TOKENS, ATOMS):
-                check_map_within_tokens(name, tensors[name], atom_tokens)
+                map_index[name] = check_map_within_tokens(name, tensors[name], atom_tokens)
 
-    padded: dict[str, torch.Tensor] = {}
+    sources: dict[str, torch.Tensor] = {}
+    laid_out: set[str] = set()
+    map_rows: dict[str, torch.Tensor] = {}
     metas: list[FeatureMeta] = []
     for name in sorted(tensors):
         spec, t = registry[name], tensors[name]
@@ -333,14 +569,89 @@ def prepare_sample(
                 )
             _check_index_range(name, t, spec.index_of, lengths[spec.index_of])
             t = plan.remap_index_values(t, spec.index_of)
-        if spec.mode != PASSTHROUGH:
-            t = plan.to_padded(t, spec.axes, spec.pad_value)
         compact_of = None
         if spec.one_hot and map_layout == "index":
-            compact_of, t = t.dtype, dense_map_to_index(t)
-        padded[name] = t
-        metas.append(FeatureMeta(name, t.dtype, serial_shapes[name], tuple(t.shape), compact_of))
-    return PreparedSample(plan, metas, padded, values, batched)
+            compact_of, t = t.dtype, _padded_index_map(plan, spec, t, map_index.get(name))
+            laid_out.add(name)
+            padded_shape = tuple(int(n) for n in t.shape)
+        else:
+            padded_shape = _padded_shape(plan, spec, t.shape)
+            if (
+                spec.one_hot
+                and spec.mode != PASSTHROUGH
+                and spec.pad_value == 0
+                and not (t.dtype.is_floating_point or t.dtype.is_complex)
+                and t.numel()
+            ):
+                # Validated maps are exact 0/1 with one 1 per row at most: reuse their index.
+                rows = map_index[name] if name in map_index else _exact_map_rows(t)
+                if rows is not None:
+                    map_rows[name] = rows
+        sources[name] = t
+        metas.append(FeatureMeta(name, t.dtype, serial_shapes[name], padded_shape, compact_of))
+    specs = {name: registry[name] for name in sources}
+    return PreparedSample(
+        plan, metas, sources, specs, values, batched, frozenset(laid_out), map_rows
+    )
+
+
+def _padded_shape(
+    plan: ShardingPlan, spec: FeatureSpec, shape: tuple[int, ...] | torch.Size
+) -> tuple[int, ...]:
+    """Shape of a serial-layout feature in the padded layout (what ``to_padded`` gives)."""
+    if spec.mode == PASSTHROUGH:
+        return tuple(int(n) for n in shape)
+    return tuple(
+        plan.padded_length(axis) if axis in LAYOUT_AXES and plan.has_padding(axis) else int(n)
+        for axis, n in zip(spec.axes, shape)
+    )
+
+
+def _padded_index_map(
+    plan: ShardingPlan, spec: FeatureSpec, dense: torch.Tensor, index: torch.Tensor | None
+) -> torch.Tensor:
+    """``dense_map_to_index`` of a one-hot map in the padded layout, from the serial map.
+
+    Parameters
+    ----------
+    plan : ShardingPlan
+        The sample's plan.
+    spec : FeatureSpec
+        The map's registry entry.
+    dense : torch.Tensor
+        ``[X, Y]`` map in the serial layout.
+    index : torch.Tensor or None
+        ``dense_map_to_index(dense)`` when validation already computed it.
+
+    Returns
+    -------
+    torch.Tensor
+        int64 ``[X padded]``: padded-layout column of each padded row's 1, -1 for none.
+    """
+    if spec.mode == PASSTHROUGH:
+        return index if index is not None else dense_map_to_index(dense)
+    if spec.pad_value != 0:
+        return dense_map_to_index(plan.to_padded(dense, spec.axes, spec.pad_value))
+    return _pad_map_index(plan, spec, index if index is not None else dense_map_to_index(dense))
+
+
+def _pad_map_index(plan: ShardingPlan, spec: FeatureSpec, index: torch.Tensor) -> torch.Tensor:
+    """Serial index vector of a one-hot map (pad value 0) -> that of its padded layout."""
+    rows_axis, columns_axis = spec.axes
+    if columns_axis in LAYOUT_AXES and plan.has_padding(columns_axis):
+        positions = plan.positions(columns_axis).to(index.device)
+        index = torch.where(index >= 0, positions[index.clamp(min=0)], -1)
+    if rows_axis in LAYOUT_AXES and plan.has_padding(rows_axis):
+        index = plan.to_padded(index, (rows_axis,), -1)
+    return index
+
+
+def _exact_map_rows(t: torch.Tensor) -> torch.Tensor | None:
+    """Index vector of a map of exact 0s and 1s with at most one 1 per row; else ``None``."""
+    rows = binary_rows(t)
+    if rows is None or bool((rows[0] > 1).any()):
+        return None
+    return torch.where(rows[0] > 0, rows[1], -1)
 
 
 def local_shape(

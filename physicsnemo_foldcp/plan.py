@@ -240,6 +240,44 @@ class ShardingPlan:
 # -- building a plan from a feature dict --------------------------------------------------
 
 
+def binary_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Ones per row and the column of each row's first 1, for a 2-D map of 0s and 1s.
+
+    Three reductions over the map (range, row sums, row argmax) and no temporaries of its
+    size. Only integer and bool maps are handled here; the caller falls back to exact
+    element-wise checks when this returns ``None``.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        ``[X, Y]`` map.
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor] or None
+        int64 ``[X]`` count of ones per row and int64 ``[X]`` column of the row's first 1
+        (0 for a row without one), or ``None`` when ``t`` is not 2-D, is empty, has a
+        floating or complex dtype, or holds a value other than 0 and 1.
+    """
+    if t.ndim != 2 or t.dtype.is_floating_point or t.dtype.is_complex:
+        return None
+    if t.numel() == 0:
+        return None
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    else:
+        low, high = torch.aminmax(t)
+        if int(low) < 0 or int(high) > 1:
+            return None
+    return t.sum(1, dtype=torch.int64), t.argmax(1)
+
+
+def _exact_one_hot_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Element-wise form of :func:`binary_rows` for any dtype: nonzero count, first nonzero."""
+    nonzero = t != 0
+    return nonzero.sum(1), nonzero.to(torch.int8).argmax(1)
+
+
 def atom_tokens_from_map(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor | None = None):
     """Owning token of every atom, from a dense one-hot ``atom_to_token [A, N]`` map.
 
@@ -264,20 +302,23 @@ def atom_tokens_from_map(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tenso
     a2t = atom_to_token
     if a2t.ndim != 2:
         raise FeatureValidationError(f"atom_to_token must be [A, N], got {tuple(a2t.shape)}")
-    nonbinary = (a2t != 0) & (a2t != 1)
-    if nonbinary.any():
-        a, t = (int(v) for v in nonbinary.nonzero()[0])
-        raise FeatureValidationError(
-            f"atom_to_token is not one-hot: value {a2t[a, t].item()} at atom {a}, token {t}"
-        )
-    counts = (a2t != 0).sum(1)
+    rows = binary_rows(a2t)
+    if rows is None:
+        nonbinary = (a2t != 0) & (a2t != 1)
+        if nonbinary.any():
+            a, t = (int(v) for v in nonbinary.nonzero()[0])
+            raise FeatureValidationError(
+                f"atom_to_token is not one-hot: value {a2t[a, t].item()} at atom {a}, token {t}"
+            )
+        rows = _exact_one_hot_rows(a2t)
+    counts, columns = rows
     if (counts > 1).any():
         a = int((counts > 1).nonzero()[0])
         raise FeatureValidationError(
             f"atom_to_token is not one-hot: atom {a} belongs to {int(counts[a])} tokens"
         )
     has_token = counts == 1
-    tokens = torch.where(has_token, (a2t != 0).to(torch.int8).argmax(1), -1)
+    tokens = torch.where(has_token, columns, -1)
     orphans = (~has_token).nonzero().flatten()
     if orphans.numel():
         first = int(orphans[0])
@@ -304,14 +345,25 @@ def atom_tokens_from_map(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tenso
     return tokens
 
 
+def _checked_one_hot_rows(t: torch.Tensor, message: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ones per row and first-one column of a map whose rows hold at most one 1; else raise."""
+    rows = binary_rows(t)
+    if rows is None:
+        if ((t != 0) & (t != 1)).any():
+            raise FeatureValidationError(message)
+        rows = _exact_one_hot_rows(t)
+    if (rows[0] > 1).any():
+        raise FeatureValidationError(message)
+    return rows
+
+
 def _rows_per_block(
     name: str, rows_to_atom: torch.Tensor, atom_tokens: torch.Tensor, token_bounds: Sequence[int]
 ) -> tuple[int, ...]:
     """Row boundaries of an ``rset`` one-hot map whose rows follow their tokens."""
-    counts = (rows_to_atom != 0).sum(1)
-    if ((rows_to_atom != 0) & (rows_to_atom != 1)).any() or (counts > 1).any():
-        raise FeatureValidationError(f"{name} is not one-hot (each row must pick one atom)")
-    atoms = (rows_to_atom != 0).to(torch.int8).argmax(1)
+    counts, atoms = _checked_one_hot_rows(
+        rows_to_atom, f"{name} is not one-hot (each row must pick one atom)"
+    )
     row_tokens = torch.where(counts == 1, atom_tokens[atoms], -1)
     bounds = torch.tensor(token_bounds[1:-1], dtype=torch.int64)
     blocks = torch.bucketize(row_tokens, bounds, right=True)
@@ -327,8 +379,14 @@ def _rows_per_block(
 
 def check_map_within_tokens(
     name: str, token_to_atom: torch.Tensor, atom_tokens: torch.Tensor
-) -> None:
+) -> torch.Tensor:
     """Check that a ``[N, A]`` one-hot map picks, for each token, an atom OF that token.
+
+    Returns
+    -------
+    torch.Tensor
+        int64 ``[N]``: the atom each token picks, ``-1`` for none (the map's index form,
+        :func:`physicsnemo_foldcp.layout.dense_map_to_index`).
 
     Raises
     ------
@@ -336,10 +394,12 @@ def check_map_within_tokens(
         If a row picks several atoms, a non-0/1 value, or an atom of another token (which
         would put the atom outside the rank that holds the token).
     """
-    counts = (token_to_atom != 0).sum(1)
-    if ((token_to_atom != 0) & (token_to_atom != 1)).any() or (counts > 1).any():
-        raise FeatureValidationError(f"{name} is not one-hot (each token picks at most one atom)")
-    tokens, atoms = (token_to_atom != 0).nonzero(as_tuple=True)
+    counts, columns = _checked_one_hot_rows(
+        token_to_atom, f"{name} is not one-hot (each token picks at most one atom)"
+    )
+    has_atom = counts == 1
+    tokens = has_atom.nonzero().flatten()
+    atoms = columns[tokens]
     owners = atom_tokens[atoms]
     wrong = owners != tokens
     if wrong.any():
@@ -348,6 +408,7 @@ def check_map_within_tokens(
             f"{name} maps token {int(tokens[k])} to atom {int(atoms[k])}, which belongs to "
             f"token {int(owners[k])}: a token's atom must be one of its own atoms"
         )
+    return torch.where(has_atom, columns, -1)
 
 
 def build_plan(

@@ -2,15 +2,17 @@
 
 Protocol of :func:`scatter_features` (per sample, per domain group):
 
-1. The source rank validates the sample and lays it out on its :class:`ShardingPlan`
-   (:func:`physicsnemo_foldcp.layout.prepare_sample`); the other ranks do nothing.
+1. The source rank validates the sample and plans its layout (:class:`ShardingPlan`,
+   :func:`physicsnemo_foldcp.layout.prepare_sample`); the other ranks do nothing.
 2. ONE object all-gather over the domain group: the source contributes the metadata (plan,
    per-feature dtype and shapes, non-tensor values) or the error it hit; every rank
    contributes its registry fingerprint. Every rank then decides the same thing: go on,
    or raise the source's error / a registry mismatch.
-3. The source packs each rank's blocks of all features into one byte buffer and sends it
-   point-to-point; each rank receives only its own buffer, whose size it knows from the
-   metadata. Features are iterated in sorted key order everywhere.
+3. The source packs each rank's blocks of all features into one byte buffer, copied
+   straight from the serial tensors (:func:`physicsnemo_foldcp.layout.pack_rank`), and
+   sends it point-to-point; on the CPU each buffer leaves as soon as it is packed, while
+   the next one is packed. Each rank receives only its own buffer, whose size it knows
+   from the metadata. Features are iterated in sorted key order everywhere.
 4. Every rank wraps its blocks with ``ShardTensor.from_local`` and explicit sharding
    shapes (no further communication).
 
@@ -33,15 +35,15 @@ from physicsnemo.domain_parallel import ShardTensor, scatter_tensor
 
 from physicsnemo_foldcp.distributed.errors import ErrorPayload
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
-from physicsnemo_foldcp.distributed.packing import pack, packed_size, unpack
+from physicsnemo_foldcp.distributed.packing import packed_size, unpack
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, TOKENS
 from physicsnemo_foldcp.layout import (
     FeatureMeta,
     PreparedSample,
     index_map_to_dense,
-    local_block,
     local_shape,
+    pack_rank,
     prepare_sample,
     sharding_shapes,
 )
@@ -170,17 +172,6 @@ def _local_layout(
     ]
 
 
-def _blocks_for(
-    prepared: PreparedSample, registry: FeatureRegistry, coord: tuple[int, int]
-) -> list[torch.Tensor]:
-    return [
-        local_block(registry[f.name], prepared.padded[f.name], prepared.plan, coord)
-        if registry[f.name].mode != PASSTHROUGH
-        else prepared.padded[f.name]
-        for f in prepared.metas
-    ]
-
-
 def _p2p_transfer(
     mesh: FoldMesh,
     prepared: PreparedSample | None,
@@ -194,19 +185,30 @@ def _p2p_transfer(
     device = mesh.device
     if mesh.is_domain_source:
         assert prepared is not None
-        ops, own = [], None
+        # On the CPU (gloo) every buffer is sent as soon as it is packed, so the peers
+        # receive while the next buffer is packed; on accelerators the sends go out as
+        # one batch, as the backend's point-to-point batching expects.
+        eager = device.type == "cpu"
+        sends: list[tuple[Any, torch.Tensor]] = []
+        ops: list[dist.P2POp] = []
         for i in range(cp0):
             for j in range(cp1):
-                buffer = pack(_blocks_for(prepared, registry, (i, j)), device=device)
                 if (i, j) == me:
-                    own = buffer
-                elif buffer.numel():
-                    peer = mesh.domain_global_rank(i, j)
+                    continue
+                buffer = pack_rank(prepared, (i, j), device, transient=True)
+                if not buffer.numel():
+                    continue
+                peer = mesh.domain_global_rank(i, j)
+                stats.bytes_sent += buffer.numel()
+                if eager:
+                    sends.append((dist.isend(buffer, peer, group=mesh.domain_group), buffer))
+                else:
                     ops.append(dist.P2POp(dist.isend, buffer, peer, mesh.domain_group))
-                    stats.bytes_sent += buffer.numel()
+        own = pack_rank(prepared, me, device)
         for work in dist.batch_isend_irecv(ops) if ops else ():
             work.wait()
-        assert own is not None
+        for work, _ in sends:
+            work.wait()
         return unpack(own, _local_layout(meta, registry, me))
     layout = _local_layout(meta, registry, me)
     buffer = torch.empty(packed_size(layout), dtype=torch.uint8, device=device)

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from physicsnemo_foldcp.data.synthetic import make_complex
+from physicsnemo_foldcp.distributed.packing import HUGE_PAGE, pack
 from physicsnemo_foldcp.features import FeatureRegistry, UnknownFeatureError
-from physicsnemo_foldcp.layout import prepare_sample
+from physicsnemo_foldcp.layout import local_block, pack_rank, prepare_sample
 from physicsnemo_foldcp.plan import FeatureValidationError
 
 REG = {p: FeatureRegistry.preset(p) for p in ("boltz1", "boltz2")}
@@ -163,3 +164,37 @@ def test_dense_and_index_map_layouts_round_trip(sample):
         assert torch.equal(index[rows_with_one], dense.argmax(1)[rows_with_one])
         assert bool((index[~rows_with_one] == -1).all())
         assert torch.equal(index_map_to_dense(index, dense.shape[1], dense.dtype), dense)
+
+
+@pytest.mark.parametrize("kw", [{}, {"token_multiple": 4, "atom_multiple": 32}])
+def test_large_send_buffers_hold_the_blocks_of_the_padded_layout(kw):
+    # Buffers above HUGE_PAGE come from a memory map when sent; the bytes are the same.
+    x = make_complex(160, seed=2, preset="boltz2", msa_rows=8)
+    prepared = prepare(x, (2, 2), **kw)
+    sizes = []
+    for coord in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+        blocks = [
+            local_block(REG["boltz2"][f.name], prepared.padded[f.name], prepared.plan, coord)
+            for f in prepared.metas
+        ]
+        expected = pack(blocks)
+        sent = pack_rank(prepared, coord, transient=True)
+        sizes.append(sent.numel())
+        assert torch.equal(sent, expected)
+        assert torch.equal(pack_rank(prepared, coord), expected)
+    assert max(sizes) >= HUGE_PAGE
+
+
+def test_fast_map_checks_raise_the_element_wise_messages(sample):
+    # Integer maps take the reduction path, float maps the element-wise one: same errors.
+    for dtype in (torch.int64, torch.float32):
+        bad = {k: v.clone() for k, v in sample.items() if isinstance(v, torch.Tensor)}
+        bad["atom_to_token"] = bad["atom_to_token"].to(dtype)
+        bad["atom_to_token"][3, 0] = 2
+        with pytest.raises(FeatureValidationError, match="value 2.* at atom 3, token 0"):
+            prepare(bad)
+        bad = {k: v.clone() for k, v in sample.items() if isinstance(v, torch.Tensor)}
+        bad["token_to_rep_atom"] = bad["token_to_rep_atom"].to(dtype)
+        bad["token_to_rep_atom"][1, 0] = 1
+        with pytest.raises(FeatureValidationError, match="token_to_rep_atom is not one-hot"):
+            prepare(bad)

@@ -5,7 +5,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from physicsnemo_foldcp.layout import local_block, prepare_sample
+from physicsnemo_foldcp.distributed.packing import pack
+from physicsnemo_foldcp.layout import local_block, pack_rank, prepare_sample
 from physicsnemo_foldcp.testing.random_sample import (
     RandomSampleSpec,
     random_registry,
@@ -60,3 +61,35 @@ def test_blocks_tile_the_padded_layout_and_invert_exactly(spec, cp0, cp1, paddin
         assert a1 - a0 == expected
         assert plan.row_sizes("atoms")[i] % padding["atom_multiple"] == 0
         assert plan.row_sizes("tokens")[i] % padding["token_multiple"] == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=sample_specs(max_tokens=60),
+    cp0=st.integers(1, 3),
+    cp1=st.integers(1, 3),
+    padding=paddings,
+    map_layout=st.sampled_from(["dense", "index"]),
+)
+@example(  # pads inside a cp1 column block that spans two row blocks
+    spec=RandomSampleSpec(atoms_per_token=(2, 0, 1, 3, 1), trailing_pad_atoms=2),
+    cp0=3,
+    cp1=2,
+    padding={"token_multiple": 2, "atom_multiple": 4},
+    map_layout="dense",
+)
+def test_packed_blocks_equal_blocks_of_the_padded_layout(spec, cp0, cp1, padding, map_layout):
+    x = random_sample(spec, seed=len(spec.atoms_per_token) + 1)
+    prepared = prepare_sample(x, REGISTRY, (cp0, cp1), map_layout=map_layout, **padding)
+    for i in range(cp0):
+        for j in range(cp1):
+            blocks = [
+                local_block(REGISTRY[f.name], prepared.padded[f.name], prepared.plan, (i, j))
+                if REGISTRY[f.name].mode != "passthrough"
+                else prepared.padded[f.name]
+                for f in prepared.metas
+            ]
+            expected = pack(blocks)
+            for transient in (False, True):
+                got = pack_rank(prepared, (i, j), transient=transient)
+                assert torch.equal(got, expected), ((i, j), transient)
