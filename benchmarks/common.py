@@ -1,0 +1,325 @@
+"""Measurement helpers shared by the benchmark scripts: timing, peak memory, tables, plots.
+
+Timing
+    :func:`time_collective` runs a callable on every rank between a barrier and a
+    device synchronisation and returns the largest wall time over the ranks (the time the
+    slowest rank needed), and the CPU time the ranks' processes spent in it, summed over
+    the ranks and on the busiest rank: on a shared machine wall time depends on what else
+    runs, CPU time much less; the busiest rank's CPU time is about the least wall time a
+    run could take with a core per rank. Scripts take the median of several runs.
+
+Peak memory (:class:`PeakMemory`)
+    On CUDA: ``torch.cuda.max_memory_allocated()`` during the block minus
+    ``torch.cuda.memory_allocated()`` at its start. On CPU there is no allocator counter,
+    so the block runs under ``torch.profiler`` with ``profile_memory=True``: every
+    allocation and free of a tensor on the CPU allocator in this thread is recorded with
+    its size, and the peak is the largest running sum of those events. Both count tensor
+    storage allocated during the block and still or transiently alive, including the
+    tensors that object collectives (``all_gather_object``) pickle into; neither counts
+    Python objects, interpreter or library memory (that is the fixed overhead).
+
+Resident memory (:class:`PeakRss`, CPU only, secondary)
+    The Linux peak-RSS counter (``VmHWM``) is reset through ``/proc/self/clear_refs``
+    before the block; the figure is ``VmHWM`` after it minus ``VmRSS`` before it. glibc
+    is told (``mallopt``) to serve every allocation above 64 KiB by ``mmap`` so that
+    freed tensors go back to the system and do not hide later ones.
+
+Results
+    :func:`write_markdown` writes one table; :func:`merge_summary` merges rows into
+    ``results/summary.json`` (keyed rows per benchmark) and re-renders
+    ``results/summary.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+RESULTS = Path(__file__).resolve().parent / "results"
+"""Default folder of the tables and plots."""
+
+_M_MMAP_THRESHOLD = -3
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Timing:
+    """One timed collective run.
+
+    Attributes
+    ----------
+    wall : float
+        Largest wall time over the ranks, seconds.
+    cpu_total : float
+        CPU seconds (user + system, all threads) of the ranks' processes, summed.
+    cpu_busiest : float
+        CPU seconds of the rank that used the most.
+    result : Any
+        What the timed callable returned on this rank.
+    """
+
+    wall: float
+    cpu_total: float
+    cpu_busiest: float
+    result: Any
+
+
+def time_collective(
+    fn: Callable[[], Any], device: torch.device, group: dist.ProcessGroup | None = None
+) -> Timing:
+    """Run ``fn`` on every rank of ``group`` and time it (the same figures on every rank).
+
+    Parameters
+    ----------
+    fn : callable
+        What to time; called once on every rank.
+    device : torch.device
+        This rank's device (synchronised before and after; the reductions run there).
+    group : ProcessGroup, optional
+        Ranks that take part; the world by default.
+
+    Returns
+    -------
+    Timing
+        Wall time (max over ranks), CPU time (sum and max over ranks), and the result.
+    """
+    synchronize(device)
+    dist.barrier(group=group)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    result = fn()
+    synchronize(device)
+    wall = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    cpu = time.process_time() - cpu_start
+    total = torch.tensor([cpu], dtype=torch.float64, device=device)
+    busiest = torch.tensor([cpu], dtype=torch.float64, device=device)
+    dist.all_reduce(wall, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(busiest, op=dist.ReduceOp.MAX, group=group)
+    return Timing(float(wall.item()), float(total.item()), float(busiest.item()), result)
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of a non-empty sequence."""
+    return float(statistics.median(values))
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (the profiler's start/stop lines come from C++)."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class PeakMemory:
+    """Peak bytes of tensors allocated inside a ``with`` block on this rank (see module doc).
+
+    Attributes
+    ----------
+    peak : int
+        Bytes, set on exit.
+    source : str
+        ``"cuda allocator"`` or ``"cpu allocator (profiler)"``.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak = 0
+        self.source = "cuda allocator" if device.type == "cuda" else "cpu allocator (profiler)"
+        self._profiler: torch.profiler.profile | None = None
+        self._start = 0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+        else:
+            self._profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
+            with _quiet_stderr():
+                self._profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self._start
+            return
+        assert self._profiler is not None
+        with _quiet_stderr():
+            self._profiler.__exit__(*exc)
+        events = [
+            (e.start_ns(), e.nbytes())
+            for e in self._profiler.profiler.kineto_results.events()
+            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+        ]
+        live = peak = 0
+        for _, nbytes in sorted(events):
+            live += nbytes
+            peak = max(peak, live)
+        self.peak = peak
+
+
+def use_mmap_for_large_allocations(threshold: int = 1 << 16) -> bool:
+    """Ask glibc to ``mmap`` (and so return on free) every allocation above ``threshold``.
+
+    Returns
+    -------
+    bool
+        Whether the setting was applied (False off glibc).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+    except (OSError, AttributeError):
+        return False
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class PeakRss:
+    """Growth of the resident set during a ``with`` block (Linux; ``None`` elsewhere).
+
+    Attributes
+    ----------
+    growth : int or None
+        ``VmHWM`` after the block minus ``VmRSS`` before it, in bytes.
+    """
+
+    def __init__(self) -> None:
+        self.growth: int | None = None
+        self._before: int | None = None
+
+    def __enter__(self) -> PeakRss:
+        try:
+            with open("/proc/self/clear_refs", "w") as refs:
+                refs.write("5")
+            self._before = _status_kib("VmRSS")
+        except OSError:
+            self._before = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        after = _status_kib("VmHWM")
+        if self._before is not None and after is not None:
+            self.growth = max(0, after - self._before) * 1024
+
+
+def gather_rows(item: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """All-gather one picklable object per rank (in rank order)."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, item, group=group)
+    return out
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """Table cell: floats to ``digits`` significant decimals, ``None`` to ``-``."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(columns: Sequence[tuple[str, str]], rows: Iterable[Mapping[str, Any]]) -> str:
+    """A markdown table; ``columns`` are ``(key, header)`` pairs."""
+    lines = [
+        "| " + " | ".join(h for _, h in columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(row.get(k)) for k, _ in columns) + " |")
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, title: str, sections: Sequence[tuple[str, str]]) -> Path:
+    """Write ``# title`` then each ``(heading, body)`` section; returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    parts = [f"# {title}", ""]
+    for heading, body in sections:
+        parts += [f"## {heading}", "", body, ""]
+    path.write_text("\n".join(parts))
+    return path
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, str(value))
+
+
+def merge_summary(
+    benchmark: str,
+    rows: Sequence[Mapping[str, Any]],
+    key: Sequence[str],
+    columns: Sequence[tuple[str, str]],
+    results: Path = RESULTS,
+) -> Path:
+    """Merge ``rows`` into ``results/summary.json`` and re-render ``results/summary.md``.
+
+    Rows of ``benchmark`` with the same values of ``key`` are replaced; other rows and
+    other benchmarks' sections are kept.
+
+    Returns
+    -------
+    Path
+        The markdown summary.
+    """
+    results.mkdir(parents=True, exist_ok=True)
+    store_path = results / "summary.json"
+    store: dict[str, Any] = json.loads(store_path.read_text()) if store_path.exists() else {}
+    section = store.setdefault(benchmark, {"columns": [], "rows": []})
+    section["columns"] = [list(c) for c in columns]
+    section["key"] = list(key)
+    fresh = {tuple(r.get(k) for k in key) for r in rows}
+    kept = [r for r in section["rows"] if tuple(r.get(k) for k in key) not in fresh]
+    merged = kept + [dict(r) for r in rows]
+    section["rows"] = sorted(merged, key=lambda r: tuple(_sort_key(r.get(k)) for k in key))
+    store_path.write_text(json.dumps(store, indent=1, sort_keys=True))
+    body = []
+    for name in sorted(store):
+        sec = store[name]
+        cols = [tuple(c) for c in sec["columns"]]
+        body.append((name, markdown_table(cols, sec["rows"])))
+    return write_markdown(results / "summary.md", "Benchmark summary", body)
