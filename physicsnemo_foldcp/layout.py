@@ -11,8 +11,9 @@ tensor into the block of one rank.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,11 @@ class FeatureMeta:
     compact_of : torch.dtype or None
         For a one-hot map sent in the compact index layout: the dtype of the dense map
         (``dtype`` is then int64); ``None`` otherwise.
+    wire_rows : bool
+        A dense map of exact 0s and 1s (integer or bool, at most one 1 per row) that
+        travels as int64 ``[local rows]``, the local column of each row's 1 (-1 for
+        none), and is expanded to its dense block on arrival (:func:`expand_wire_blocks`).
+        Its ShardTensor is the dense map either way.
     """
 
     name: str
@@ -66,6 +72,7 @@ class FeatureMeta:
     serial_shape: tuple[int, ...]
     padded_shape: tuple[int, ...]
     compact_of: torch.dtype | None = None
+    wire_rows: bool = False
 
 
 class _PaddedFeatures(Mapping):
@@ -156,13 +163,19 @@ class PreparedSample:
         return self.plan.to_padded(source, spec.axes, spec.pad_value)
 
     def local_layout(self, coord: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """``(local shape, dtype)`` of every feature (sorted by name) at ``coord``."""
-        return [
-            (local_shape(self.specs[f.name], f.padded_shape, self.plan, coord), f.dtype)
-            if self.specs[f.name].mode != PASSTHROUGH
-            else (f.padded_shape, f.dtype)
-            for f in self.metas
-        ]
+        """``(shape, dtype)`` of every feature (sorted by name) in the buffer for ``coord``."""
+        return wire_layout(self.metas, self.specs, self.plan, coord)
+
+    def write_wire_rows(self, name: str, coord: tuple[int, int], out: torch.Tensor) -> None:
+        """Write the wire form of map ``name``'s block at ``coord``: int64 ``[local rows]``.
+
+        Entry ``r`` is the block-local column of local row ``r``'s 1, or -1 when the row
+        has none inside the block's columns.
+        """
+        (row_start, row_stop), (column_start, column_stop) = self._block_ranges(name, coord)
+        columns = self._padded_map_rows(name)[row_start:row_stop].to(out.device)
+        inside = (columns >= column_start) & (columns < column_stop)
+        out.copy_(torch.where(inside, columns - column_start, -1))
 
     def write_block(
         self, name: str, coord: tuple[int, int], out: torch.Tensor, *, zeroed: bool = False
@@ -301,13 +314,82 @@ def pack_rank(
     torch.Tensor
         uint8 buffer laid out as ``packed_size(prepared.local_layout(coord))``.
     """
-    names = [f.name for f in prepared.metas]
-    return pack_into(
-        prepared.local_layout(coord),
-        lambda index, slot: prepared.write_block(names[index], coord, slot, zeroed=transient),
-        device=device,
-        zeroed=transient,
-    )
+    metas = prepared.metas
+
+    def write(index: int, slot: torch.Tensor) -> None:
+        if metas[index].wire_rows:
+            prepared.write_wire_rows(metas[index].name, coord, slot)
+        else:
+            prepared.write_block(metas[index].name, coord, slot, zeroed=transient)
+
+    return pack_into(prepared.local_layout(coord), write, device=device, zeroed=transient)
+
+
+def wire_layout(
+    metas: Sequence[FeatureMeta],
+    specs: Mapping[str, FeatureSpec],
+    plan: ShardingPlan,
+    coord: tuple[int, int],
+) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """``(shape, dtype)`` of every feature in the buffer sent to the rank at ``coord``.
+
+    The local block's shape and dtype, except for a map with ``wire_rows``: int64
+    ``[local rows]``.
+
+    Parameters
+    ----------
+    metas : Sequence[FeatureMeta]
+        The sample's features, in buffer order.
+    specs : Mapping[str, FeatureSpec]
+        Registry entry of every feature (a :class:`FeatureRegistry` works).
+    plan : ShardingPlan
+        The sample's plan.
+    coord : tuple[int, int]
+        Domain coordinate ``(i, j)`` of the receiving rank.
+    """
+    out: list[tuple[tuple[int, ...], torch.dtype]] = []
+    for f in metas:
+        spec = specs[f.name]
+        if spec.mode == PASSTHROUGH:
+            out.append((f.padded_shape, f.dtype))
+            continue
+        shape = local_shape(spec, f.padded_shape, plan, coord)
+        out.append(((shape[0],), torch.int64) if f.wire_rows else (shape, f.dtype))
+    return out
+
+
+def expand_wire_blocks(
+    blocks: Sequence[torch.Tensor],
+    metas: Sequence[FeatureMeta],
+    specs: Mapping[str, FeatureSpec],
+    plan: ShardingPlan,
+    coord: tuple[int, int],
+) -> list[torch.Tensor]:
+    """Local blocks from the buffer's tensors: each ``wire_rows`` map expanded to dense.
+
+    Parameters
+    ----------
+    blocks : Sequence[torch.Tensor]
+        The buffer's tensors, laid out by :func:`wire_layout` (same order as ``metas``).
+    metas, specs, plan, coord
+        As for :func:`wire_layout`.
+
+    Returns
+    -------
+    list[torch.Tensor]
+        Every feature's local block at ``coord``; an expanded map is a new tensor of the
+        map's dtype and local shape (zeros, and a 1 at each listed column).
+    """
+    out = list(blocks)
+    for index, f in enumerate(metas):
+        if f.wire_rows:
+            shape = local_shape(specs[f.name], f.padded_shape, plan, coord)
+            columns = blocks[index]
+            dense = torch.zeros(shape, dtype=f.dtype, device=columns.device)
+            rows = (columns >= 0).nonzero().flatten()
+            dense[rows, columns[rows]] = 1
+            out[index] = dense
+    return out
 
 
 MAP_LAYOUTS = ("dense", "index")
@@ -588,7 +670,10 @@ def prepare_sample(
                 if rows is not None:
                     map_rows[name] = rows
         sources[name] = t
-        metas.append(FeatureMeta(name, t.dtype, serial_shapes[name], padded_shape, compact_of))
+        meta = FeatureMeta(name, t.dtype, serial_shapes[name], padded_shape, compact_of)
+        if name in map_rows and t.dim() == 2:
+            meta = dataclasses.replace(meta, wire_rows=True)
+        metas.append(meta)
     specs = {name: registry[name] for name in sources}
     return PreparedSample(
         plan, metas, sources, specs, values, batched, frozenset(laid_out), map_rows

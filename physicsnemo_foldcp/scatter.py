@@ -12,7 +12,9 @@ Protocol of :func:`scatter_features` (per sample, per domain group):
    straight from the serial tensors (:func:`physicsnemo_foldcp.layout.pack_rank`), and
    sends it point-to-point; on the CPU each buffer leaves as soon as it is packed, while
    the next one is packed. Each rank receives only its own buffer, whose size it knows
-   from the metadata. Features are iterated in sorted key order everywhere.
+   from the metadata. Features are iterated in sorted key order everywhere. A dense map
+   of exact 0s and 1s travels as the column of each local row's 1 (8 bytes per row
+   instead of a row of the map) and is expanded on arrival.
 4. Every rank wraps its blocks with ``ShardTensor.from_local`` and explicit sharding
    shapes (no further communication).
 
@@ -41,11 +43,12 @@ from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, TOKENS
 from physicsnemo_foldcp.layout import (
     FeatureMeta,
     PreparedSample,
+    expand_wire_blocks,
     index_map_to_dense,
-    local_shape,
     pack_rank,
     prepare_sample,
     sharding_shapes,
+    wire_layout,
 )
 from physicsnemo_foldcp.plan import FeatureValidationError, ShardingPlan
 
@@ -164,12 +167,14 @@ def _exchange_metadata(
 def _local_layout(
     meta: ScatterMeta, registry: FeatureRegistry, coord: tuple[int, int]
 ) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    return [
-        (local_shape(registry[f.name], f.padded_shape, meta.plan, coord), f.dtype)
-        if registry[f.name].mode != PASSTHROUGH
-        else (f.padded_shape, f.dtype)
-        for f in meta.features
-    ]
+    return wire_layout(meta.features, registry, meta.plan, coord)
+
+
+def _local_blocks(
+    buffer: torch.Tensor, meta: ScatterMeta, registry: FeatureRegistry, coord: tuple[int, int]
+) -> list[torch.Tensor]:
+    views = unpack(buffer, _local_layout(meta, registry, coord))
+    return expand_wire_blocks(views, meta.features, registry, meta.plan, coord)
 
 
 def _p2p_transfer(
@@ -209,7 +214,7 @@ def _p2p_transfer(
             work.wait()
         for work, _ in sends:
             work.wait()
-        return unpack(own, _local_layout(meta, registry, me))
+        return _local_blocks(own, meta, registry, me)
     layout = _local_layout(meta, registry, me)
     buffer = torch.empty(packed_size(layout), dtype=torch.uint8, device=device)
     if buffer.numel():
@@ -218,7 +223,7 @@ def _p2p_transfer(
             work.wait()
         stats.bytes_received += buffer.numel()
         stats.messages_received += 1
-    return unpack(buffer, layout)
+    return _local_blocks(buffer, meta, registry, me)
 
 
 def _check_chunking_agrees(meta: ScatterMeta, registry: FeatureRegistry) -> None:

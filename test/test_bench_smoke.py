@@ -76,15 +76,17 @@ def test_scatter_benchmark_runs_and_measures_what_it_claims(fold_mesh, tmp_path)
     for rank in by[("default", "scatter_tensor")]["ranks"]:
         if not rank["source"] and rank["received"] != sample_bytes:
             problems.append(f"scatter_tensor received {rank['received']} != {sample_bytes}")
-    # The true scatter receives its own blocks (plus at most 15 alignment bytes per feature)
-    # and its peak memory holds them.
+    # The true scatter receives at most its own blocks (plus at most 15 alignment bytes per
+    # feature): exactly them with index maps, less with dense 0/1 maps (one int64 per row on
+    # the wire); its peak memory holds what it received.
     for method in ("foldcp", "foldcp-index", "foldcp-balanced", "dtensor-layout"):
         for rank in by[("default", method)]["ranks"]:
             if rank["source"]:
                 if rank["received"] != 0:
                     problems.append(f"{method}: the source received {rank['received']}")
                 continue
-            if not rank["shard"] <= rank["received"] <= rank["shard"] + 15 * n_features:
+            low = rank["shard"] if method == "foldcp-index" else 0.2 * rank["shard"]
+            if not low <= rank["received"] <= rank["shard"] + 15 * n_features:
                 problems.append(f"{method}: received {rank['received']}, shard {rank['shard']}")
             if not rank["received"] <= rank["peak"]:
                 problems.append(f"{method}: peak {rank['peak']} < received {rank['received']}")

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from physicsnemo_foldcp.data.synthetic import make_complex
-from physicsnemo_foldcp.distributed.packing import HUGE_PAGE, pack
+from physicsnemo_foldcp.distributed.packing import HUGE_PAGE, pack, unpack
 from physicsnemo_foldcp.features import FeatureRegistry, UnknownFeatureError
-from physicsnemo_foldcp.layout import local_block, pack_rank, prepare_sample
+from physicsnemo_foldcp.layout import expand_wire_blocks, local_block, pack_rank, prepare_sample
 from physicsnemo_foldcp.plan import FeatureValidationError
 
 REG = {p: FeatureRegistry.preset(p) for p in ("boltz1", "boltz2")}
@@ -171,17 +171,26 @@ def test_large_send_buffers_hold_the_blocks_of_the_padded_layout(kw):
     # Buffers above HUGE_PAGE come from a memory map when sent; the bytes are the same.
     x = make_complex(160, seed=2, preset="boltz2", msa_rows=8)
     prepared = prepare(x, (2, 2), **kw)
+    names = [f.name for f in prepared.metas]
     sizes = []
     for coord in [(0, 0), (0, 1), (1, 0), (1, 1)]:
         blocks = [
             local_block(REG["boltz2"][f.name], prepared.padded[f.name], prepared.plan, coord)
             for f in prepared.metas
         ]
-        expected = pack(blocks)
         sent = pack_rank(prepared, coord, transient=True)
         sizes.append(sent.numel())
-        assert torch.equal(sent, expected)
-        assert torch.equal(pack_rank(prepared, coord), expected)
+        for buffer in (sent, pack_rank(prepared, coord)):
+            layout = prepared.local_layout(coord)
+            got = expand_wire_blocks(
+                unpack(buffer, layout), prepared.metas, prepared.specs, prepared.plan, coord
+            )
+            for f, block, expected in zip(prepared.metas, got, blocks):
+                assert block.dtype == expected.dtype and torch.equal(block, expected), f.name
+        # 0/1 maps travel as one int64 per local row, everything else as its block.
+        wire = {f.name: shape for f, (shape, _) in zip(prepared.metas, layout)}
+        assert wire["atom_to_token"] == (blocks[names.index("atom_to_token")].shape[0],)
+        assert sent.numel() < pack(blocks).numel()
     assert max(sizes) >= HUGE_PAGE
 
 
