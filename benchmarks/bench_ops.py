@@ -38,8 +38,6 @@ import argparse
 import contextlib
 import functools
 import math
-import os
-import platform
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -833,11 +831,7 @@ def draw(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
             ax.grid(True, axis="y", alpha=0.3)
     mesh = rows[0]["mesh"] if rows else "?"
     fig.suptitle(f"ops on a {mesh} mesh: foldcp handlers vs PhysicsNeMo's DTensor fallback")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return common.save_figure(fig, path, dpi=100)
 
 
 def write_results(
@@ -845,14 +839,8 @@ def write_results(
 ) -> list[Path]:
     """Write ``ops_<cp0>x<cp1>.md`` / ``.png`` and merge the rows into the summary."""
     name = f"ops_{cp[0]}x{cp[1]}"
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     device = rows[0].get("device", "cpu") if rows else "cpu"
-    environment = (
-        f"command: `{command}`\n\n"
-        f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"device {device}, load average at the end "
-        f"{', '.join(f'{x:.1f}' for x in load) if load else 'n/a'}"
-    )
+    environment = common.environment(command, device)
     timings = "\n".join(
         f"- {r['mesh']} N={r['N']} {r['op']} {r['path']}: forward "
         + ", ".join(f"{1e3 * t:.2f}" for t in r["fwd_times"])

@@ -49,9 +49,7 @@ import argparse
 import contextlib
 import gc
 import math
-import os
 import pickle
-import platform
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -643,11 +641,7 @@ def draw(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.legend(fontsize=8)
     mesh = rows[0]["mesh"] if rows else "?"
     fig.suptitle(f"scatter of one Boltz-2 sample on a {mesh} mesh")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return common.save_figure(fig, path, dpi=110)
 
 
 def write_results(
@@ -656,14 +650,8 @@ def write_results(
     """Write ``scatter_<cp0>x<cp1>.md`` / ``.png`` and merge the rows into the summary."""
     name = f"scatter_{cp[0]}x{cp[1]}"
     targets = evaluate_targets(rows)
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     device = rows[0]["device"] if rows and "device" in rows[0] else "cpu"
-    environment = (
-        f"command: `{command}`\n\n"
-        f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"device {device}, load average at the end "
-        f"{', '.join(f'{x:.1f}' for x in load) if load else 'n/a'}"
-    )
+    environment = common.environment(command, device)
     target_table = common.markdown_table(
         [("target", "target"), ("value", "measured"), ("met", "met")], targets
     )

@@ -337,11 +337,7 @@ def draw(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(title="mesh", fontsize=8)
     fig.suptitle("training step of the reference model (forward + backward + AdamW step)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return common.save_figure(fig, path, dpi=100)
 
 
 def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path) -> list[Path]:
@@ -353,7 +349,6 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
         r["command"] = command
     merged = with_ratios(kept + new)
     summary = common.merge_summary(BENCHMARK, merged, SUMMARY_KEY, COLUMNS, results)
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     commands = "\n".join(
         f"- {m}: `{c}`" for m, c in sorted({(r["mesh"], r.get("command") or "?") for r in merged})
     )
@@ -361,8 +356,7 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
     environment = (
         f"launches (one per mesh):\n\n{commands}\n\n"
         f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} CPU cores; load "
-        f"average at the end of the last launch "
-        f"{', '.join(f'{x:.1f}' for x in load) if load else 'n/a'}\n\n"
+        f"average at the end of the last launch {common.load_average()}\n\n"
         f"step peak memory from: {'; '.join(sources)}\n\n"
         f"model: `{merged[0].get('model') if merged else '-'}`"
     )

@@ -37,6 +37,7 @@ import ctypes
 import json
 import math
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -323,3 +324,29 @@ def merge_summary(
         cols = [tuple(c) for c in sec["columns"]]
         body.append((name, markdown_table(cols, sec["rows"])))
     return write_markdown(results / "summary.md", "Benchmark summary", body)
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages as ``"a, b, c"`` (``"n/a"`` where unknown)."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return ", ".join(f"{x:.1f}" for x in load) if load else "n/a"
+
+
+def environment(command: str, device: str) -> str:
+    """Markdown paragraph naming the launch command, torch, machine, device and load."""
+    return (
+        f"command: `{command}`\n\n"
+        f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"device {device}, load average at the end {load_average()}"
+    )
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
+    """Lay out ``fig``, write it to ``path`` (creating its folder) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
