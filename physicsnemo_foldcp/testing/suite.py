@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    python -m physicsnemo_foldcp.testing.suite                # serial + worlds 4, 6, 9
+    python -m physicsnemo_foldcp.testing.suite                # serial + worlds 4, 6, 8, 9
     python -m physicsnemo_foldcp.testing.suite --worlds 4     # serial + world 4
     python -m physicsnemo_foldcp.testing.suite --no-serial --worlds 9 -- -k scatter
 
@@ -92,7 +92,7 @@ def _show_failed_rank_logs(log_dir: Path, lines: int = 40) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the suite; return the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", type=int, nargs="*", default=[4, 6, 9])
+    parser.add_argument("--worlds", type=int, nargs="*", default=[4, 6, 8, 9])
     parser.add_argument("--no-serial", action="store_true", help="skip the serial part")
     parser.add_argument("--tests", default="test", help="test directory or files")
     parser.add_argument("--part-timeout", type=float, default=900.0, help="seconds per part")

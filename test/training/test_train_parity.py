@@ -18,8 +18,7 @@ from physicsnemo_foldcp.training import (
 
 pytestmark = pytest.mark.multigpu_static
 
-# (ddp, cp0, cp1, wrapper): world 4, 6 and 9. (2, 2, 2) needs 8 ranks, which the suite
-# does not launch; (2, 1, 2) and (3, 1, 3) cover ddp x 2-D CP with FSDP2 instead.
+# (ddp, cp0, cp1, wrapper): worlds 4, 6, 8 and 9.
 # The compiled case traces with backend="aot_eager" (inductor's C++ build takes minutes per
 # region on this CPU machine). Whole-model compile on a 1x1 CP mesh is covered by
 # test/training/test_apps.py (one process against the 2x2 run's losses).
@@ -31,6 +30,8 @@ CASES = [
     ((1, 2, 3), "auto", "none"),
     ((3, 1, 2), "ddp", "none"),
     ((2, 1, 3), "fsdp2", "none"),
+    ((2, 2, 2), "ddp", "none"),
+    ((2, 2, 2), "fsdp2", "none"),
     ((1, 3, 3), "auto", "none"),
     ((3, 1, 3), "fsdp2", "none"),
 ]
