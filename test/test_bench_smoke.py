@@ -47,7 +47,8 @@ def boltz_cp_padding(x, cp0):
     return padded, sum(v.numel() for v in x.values())
 
 
-@pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 2, 3), (1, 3, 3)], indirect=True, ids=str)
+# 2x2 and 2x3 (a square and a rectangular mesh); the 3x3 launch is benchmarks/README.md's.
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 2, 3)], indirect=True, ids=str)
 def test_scatter_benchmark_runs_and_measures_what_it_claims(fold_mesh, tmp_path):
     root = str(Path(__file__).resolve().parents[1])
     if root not in sys.path:
