@@ -223,10 +223,9 @@ def source_breakdown(
     kwargs = _scatter_kwargs(method, sample, mesh)
     prepared = prepare_sample(sample, registry, mesh.cp, **kwargs)
     laid_out = time.perf_counter()
-    me = mesh.domain_coordinate
     for i in range(mesh.cp[0]):
         for j in range(mesh.cp[1]):
-            buffer = pack_rank(prepared, (i, j), mesh.device, transient=(i, j) != me)
+            buffer = pack_rank(prepared, (i, j), mesh.device)
             del buffer
     common.synchronize(mesh.device)
     return laid_out - start, time.perf_counter() - laid_out

@@ -11,7 +11,6 @@ tensor into the block of one rank.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -101,7 +100,7 @@ class PreparedSample:
     The features stay in the serial layout (index values remapped, index-layout maps
     already converted); :meth:`write_block` writes any rank's block of a feature straight
     into a given tensor, padding only where the plan inserts pads. A dense one-hot map of
-    exact 0s and 1s is written from its index vector (zeros, then its ones).
+    exact 0s and 1s travels as its row vector (:meth:`write_wire_rows`).
 
     Attributes
     ----------
@@ -123,7 +122,7 @@ class PreparedSample:
     map_rows : dict[str, torch.Tensor]
         For each dense one-hot map with an integer or bool dtype, only 0s and 1s, at most
         one 1 per row and pad value 0: int64 ``[rows]``, the serial column of each serial
-        row's 1 (-1 for none). Its blocks are written from this vector.
+        row's 1 (-1 for none). Its wire form is written from this vector.
     """
 
     plan: ShardingPlan
@@ -177,15 +176,12 @@ class PreparedSample:
         inside = (columns >= column_start) & (columns < column_stop)
         out.copy_(torch.where(inside, columns - column_start, -1))
 
-    def write_block(
-        self, name: str, coord: tuple[int, int], out: torch.Tensor, *, zeroed: bool = False
-    ) -> None:
+    def write_block(self, name: str, coord: tuple[int, int], out: torch.Tensor) -> None:
         """Write the block of feature ``name`` held at domain coordinate ``coord`` into ``out``.
 
         Equal to ``local_block(spec, self.padded[name], plan, coord)``, but written
         straight from the serial tensor: each run of real positions is copied once, the
-        pad value is written only at the positions the plan inserted, and a map in
-        ``map_rows`` is written as zeros plus its ones.
+        pad value is written only at the positions the plan inserted.
 
         Parameters
         ----------
@@ -195,8 +191,6 @@ class PreparedSample:
             Domain coordinate ``(i, j)`` of the rank.
         out : torch.Tensor
             Destination of the block's local shape and the feature's dtype (any device).
-        zeroed : bool, default False
-            ``out`` already holds zeros (a map in ``map_rows`` then only gets its ones).
         """
         spec, source = self.specs[name], self.sources[name]
         if spec.mode == PASSTHROUGH:
@@ -206,16 +200,6 @@ class PreparedSample:
             out.copy_(local_block(spec, source, self.plan, coord))
             return
         ranges = self._block_ranges(name, coord)
-        if name in self.map_rows:
-            (row_start, row_stop), (column_start, column_stop) = ranges
-            columns = self._padded_map_rows(name)[row_start:row_stop]
-            rows = ((columns >= column_start) & (columns < column_stop)).nonzero().flatten()
-            if not zeroed:
-                out.zero_()
-            if rows.numel():
-                rows = rows.to(out.device)
-                out[rows, columns.to(out.device)[rows] - column_start] = 1
-            return
         real: list[list[tuple[int, int, int]]] = []
         for dim, (axis, (start, stop)) in enumerate(zip(spec.axes, ranges)):
             runs, pads = _layout_runs(self.plan, axis, start, stop)
@@ -286,14 +270,12 @@ def pack_rank(
     prepared: PreparedSample,
     coord: tuple[int, int],
     device: torch.device | None = None,
-    *,
-    transient: bool = False,
 ) -> torch.Tensor:
     """One rank's packed buffer: its block of every feature, written in place.
 
-    The same bytes as :func:`physicsnemo_foldcp.distributed.packing.pack` of the rank's
-    ``local_block`` of every padded feature, without building the padded layout or any
-    block in between.
+    Laid out by :func:`wire_layout`: the rank's ``local_block`` of every padded feature,
+    except that a ``wire_rows`` map is its row vector (:meth:`PreparedSample.write_wire_rows`),
+    without building the padded layout or any block in between.
 
     Parameters
     ----------
@@ -303,11 +285,6 @@ def pack_rank(
         Domain coordinate ``(i, j)`` of the rank.
     device : torch.device, optional
         Device of the buffer (CPU by default).
-    transient : bool, default False
-        The buffer only lives until it is sent: it then starts as a
-        :func:`~physicsnemo_foldcp.distributed.packing.zeroed_buffer` (on the CPU, a memory
-        map whose untouched pages cost nothing), and the zeros of the one-hot maps are not
-        written.
 
     Returns
     -------
@@ -320,9 +297,9 @@ def pack_rank(
         if metas[index].wire_rows:
             prepared.write_wire_rows(metas[index].name, coord, slot)
         else:
-            prepared.write_block(metas[index].name, coord, slot, zeroed=transient)
+            prepared.write_block(metas[index].name, coord, slot)
 
-    return pack_into(prepared.local_layout(coord), write, device=device, zeroed=transient)
+    return pack_into(prepared.local_layout(coord), write, device=device)
 
 
 def wire_layout(
@@ -670,10 +647,11 @@ def prepare_sample(
                 if rows is not None:
                     map_rows[name] = rows
         sources[name] = t
-        meta = FeatureMeta(name, t.dtype, serial_shapes[name], padded_shape, compact_of)
-        if name in map_rows and t.dim() == 2:
-            meta = dataclasses.replace(meta, wire_rows=True)
-        metas.append(meta)
+        metas.append(
+            FeatureMeta(
+                name, t.dtype, serial_shapes[name], padded_shape, compact_of, name in map_rows
+            )
+        )
     specs = {name: registry[name] for name in sources}
     return PreparedSample(
         plan, metas, sources, specs, values, batched, frozenset(laid_out), map_rows

@@ -200,7 +200,7 @@ def _p2p_transfer(
             for j in range(cp1):
                 if (i, j) == me:
                     continue
-                buffer = pack_rank(prepared, (i, j), device, transient=True)
+                buffer = pack_rank(prepared, (i, j), device)
                 if not buffer.numel():
                     continue
                 peer = mesh.domain_global_rank(i, j)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Callable, Sequence
 
 import torch
@@ -27,54 +26,10 @@ def packed_size(layout: Sequence[tuple[Sequence[int], torch.dtype]]) -> int:
     return sum(_aligned(_nbytes(shape, dtype)) for shape, dtype in layout)
 
 
-HUGE_PAGE = 1 << 21
-"""Size of a transparent huge page on x86-64 and arm64 Linux."""
-
-
-def zeroed_buffer(nbytes: int, device: torch.device | None = None) -> torch.Tensor:
-    """Zero-filled uint8 ``[nbytes]`` buffer whose zeros cost nothing until touched.
-
-    On the CPU, a buffer of at least :data:`HUGE_PAGE` bytes is an anonymous memory map
-    (zero-filled by the kernel, one page at a time, when the page is first used) marked
-    for transparent huge pages where the platform has them: filling it takes one page fault
-    per 2 MiB instead of one per 4 KiB, and a page that is only read (to be sent) is the
-    kernel's shared zero page. So a writer may leave zeros unwritten. The map is released
-    when the last tensor viewing it is freed. On other devices, for smaller buffers, and
-    where no such mapping can be made, it is ``torch.zeros``.
-
-    Parameters
-    ----------
-    nbytes : int
-        Size in bytes.
-    device : torch.device, optional
-        Device of the buffer (CPU by default).
-
-    Returns
-    -------
-    torch.Tensor
-        uint8 ``[nbytes]``, all zeros.
-    """
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cpu" and nbytes >= HUGE_PAGE:
-        try:
-            region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        except (OSError, ValueError, AttributeError):
-            region = None
-        if region is not None:
-            try:
-                region.madvise(mmap.MADV_HUGEPAGE)
-            except (OSError, ValueError, AttributeError):
-                pass  # small pages: still zero-filled and lazily allocated
-            return torch.frombuffer(region, dtype=torch.uint8)
-    return torch.zeros(nbytes, dtype=torch.uint8, device=device)
-
-
 def pack_into(
     layout: Sequence[tuple[Sequence[int], torch.dtype]],
     write: Callable[[int, torch.Tensor], None],
     device: torch.device | None = None,
-    *,
-    zeroed: bool = False,
 ) -> torch.Tensor:
     """Allocate a packed buffer for ``layout`` and let ``write`` fill each tensor's slot.
 
@@ -90,9 +45,6 @@ def pack_into(
         with that tensor's shape and dtype; called once per non-empty tensor, in order.
     device : torch.device, optional
         Device of the buffer (CPU by default).
-    zeroed : bool, default False
-        Start from :func:`zeroed_buffer` (``write`` may then skip zeros) instead of an
-        uninitialised ``torch.empty``.
 
     Returns
     -------
@@ -101,16 +53,13 @@ def pack_into(
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     size = packed_size(layout)
-    if zeroed:
-        buffer = zeroed_buffer(size, device)
-    else:
-        buffer = torch.empty(size, dtype=torch.uint8, device=device)
+    buffer = torch.empty(size, dtype=torch.uint8, device=device)
     offset = 0
     for index, ((shape, dtype), slot) in enumerate(zip(layout, unpack(buffer, layout))):
         n = _nbytes(shape, dtype)
         if n:
             write(index, slot)
-        if not zeroed and _aligned(n) > n:
+        if _aligned(n) > n:
             buffer[offset + n : offset + _aligned(n)].zero_()
         offset += _aligned(n)
     return buffer

@@ -90,11 +90,10 @@ def test_packed_blocks_equal_blocks_of_the_padded_layout(spec, cp0, cp1, padding
                 for f in prepared.metas
             ]
             layout = prepared.local_layout((i, j))
-            for transient in (False, True):
-                buffer = pack_rank(prepared, (i, j), transient=transient)
-                got = expand_wire_blocks(
-                    unpack(buffer, layout), prepared.metas, prepared.specs, prepared.plan, (i, j)
-                )
-                for f, block, expected in zip(prepared.metas, got, blocks):
-                    same = block.dtype == expected.dtype and torch.equal(block, expected)
-                    assert same, ((i, j), transient, f.name)
+            buffer = pack_rank(prepared, (i, j))
+            got = expand_wire_blocks(
+                unpack(buffer, layout), prepared.metas, prepared.specs, prepared.plan, (i, j)
+            )
+            for f, block, expected in zip(prepared.metas, got, blocks):
+                same = block.dtype == expected.dtype and torch.equal(block, expected)
+                assert same, ((i, j), f.name)
