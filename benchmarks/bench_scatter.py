@@ -14,7 +14,7 @@ Methods (all in one process launch, interleaved round by round):
 ``foldcp-index``
     The same with ``map_layout="index"`` (atom<->token maps as index vectors).
 ``foldcp-balanced``
-    The same with row blocks from :func:`physicsnemo_foldcp.balance.balanced_token_bounds`
+    The same with row blocks from :func:`physicsnemo_foldcp.sharding.balance.balanced_token_bounds`
     (computed on the source inside the timed region).
 ``dtensor-layout``
     The padded layout of the DTensor design (NVIDIA-BioNeMo/boltz-cp): tokens padded to a
@@ -66,11 +66,11 @@ except ModuleNotFoundError:  # run as a script: the repository root is not on th
     from benchmarks import common
 
 import physicsnemo_foldcp as fc
-from physicsnemo_foldcp.balance import atoms_per_token, balanced_token_bounds
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features.spec import ATOMS, TOKENS
-from physicsnemo_foldcp.layout import pack_rank, prepare_sample
-from physicsnemo_foldcp.plan import atom_tokens_from_map
+from physicsnemo_foldcp.sharding.balance import atoms_per_token, balanced_token_bounds
+from physicsnemo_foldcp.sharding.layout import pack_rank, prepare_sample
+from physicsnemo_foldcp.sharding.plan import atom_tokens_from_map
 
 METHODS = ("foldcp", "foldcp-index", "foldcp-balanced", "dtensor-layout", "scatter_tensor")
 """Every method the benchmark knows, in table order."""

@@ -14,9 +14,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import physicsnemo_foldcp as fc
-from physicsnemo_foldcp.balance import plan_token_bounds
 from physicsnemo_foldcp.data.synthetic import make_complex
-from physicsnemo_foldcp.report import audit_features, sharding_report
+from physicsnemo_foldcp.sharding.balance import plan_token_bounds
+from physicsnemo_foldcp.sharding.report import audit_features, sharding_report
 from physicsnemo_foldcp.testing import collective_assert
 
 warnings.filterwarnings("ignore", message=".*all_gather_tensor.* is deprecated")

@@ -8,15 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from physicsnemo_foldcp import gather_features, scatter_features
-from physicsnemo_foldcp.balance import (
+from physicsnemo_foldcp.data.synthetic import make_complex
+from physicsnemo_foldcp.sharding.balance import (
     atoms_per_token,
     balanced_token_bounds,
     even_token_bounds,
     plan_cost,
     plan_token_bounds,
 )
-from physicsnemo_foldcp.data.synthetic import make_complex
-from physicsnemo_foldcp.plan import FeatureValidationError, build_plan
+from physicsnemo_foldcp.sharding.plan import FeatureValidationError, build_plan
 from physicsnemo_foldcp.testing import collective_assert
 
 RNA_LIGAND = {"protein": 0.4, "rna": 0.4, "ligand": 0.2}

@@ -4,10 +4,15 @@ import pytest
 import torch
 
 from physicsnemo_foldcp.data.synthetic import make_complex
-from physicsnemo_foldcp.distributed.packing import pack, unpack
 from physicsnemo_foldcp.features import FeatureRegistry, UnknownFeatureError
-from physicsnemo_foldcp.layout import expand_wire_blocks, local_block, pack_rank, prepare_sample
-from physicsnemo_foldcp.plan import FeatureValidationError
+from physicsnemo_foldcp.sharding.layout import (
+    expand_wire_blocks,
+    local_block,
+    pack_rank,
+    prepare_sample,
+)
+from physicsnemo_foldcp.sharding.packing import pack, unpack
+from physicsnemo_foldcp.sharding.plan import FeatureValidationError
 
 REG = {p: FeatureRegistry.preset(p) for p in ("boltz1", "boltz2")}
 
@@ -154,7 +159,7 @@ def test_index_values_are_remapped_into_the_padded_atom_layout(sample):
 
 
 def test_dense_and_index_map_layouts_round_trip(sample):
-    from physicsnemo_foldcp.layout import dense_map_to_index, index_map_to_dense
+    from physicsnemo_foldcp.sharding.layout import dense_map_to_index, index_map_to_dense
 
     for name in ("atom_to_token", "token_to_rep_atom", "r_set_to_rep_atom"):
         dense = sample[name]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from physicsnemo_foldcp.plan import (
+from physicsnemo_foldcp.sharding.plan import (
     FeatureValidationError,
     atom_tokens_from_map,
     build_plan,

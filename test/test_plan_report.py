@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from physicsnemo_foldcp.balance import balanced_token_bounds
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureRegistry
-from physicsnemo_foldcp.plan_report import main, plan_report
+from physicsnemo_foldcp.sharding.balance import balanced_token_bounds
+from physicsnemo_foldcp.sharding.plan_report import main, plan_report
 
 GROUPS = ("token", "pair", "atom", "msa", "other")
 

@@ -4,7 +4,7 @@ import pytest
 
 from physicsnemo_foldcp import scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
-from physicsnemo_foldcp.report import audit_features, sharding_report
+from physicsnemo_foldcp.sharding.report import audit_features, sharding_report
 from physicsnemo_foldcp.testing import collective_assert
 
 pytestmark = pytest.mark.multigpu_static

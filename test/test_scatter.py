@@ -11,8 +11,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 from physicsnemo_foldcp import gather_features, scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec, UnknownFeatureError
-from physicsnemo_foldcp.plan import FeatureValidationError
-from physicsnemo_foldcp.scatter import RegistryMismatchError
+from physicsnemo_foldcp.sharding.plan import FeatureValidationError
+from physicsnemo_foldcp.sharding.scatter import RegistryMismatchError
 from physicsnemo_foldcp.testing import collective_assert
 
 pytestmark = pytest.mark.multigpu_static

@@ -69,7 +69,7 @@ class FoldCPDataModule:
     method : {"p2p", "scatter_tensor"}, default "p2p"
         Scatter transport.
     scatter_options : Mapping[str, Any], optional
-        Further :func:`~physicsnemo_foldcp.scatter.scatter_features` arguments.
+        Further :func:`~physicsnemo_foldcp.sharding.scatter.scatter_features` arguments.
 
     Examples
     --------

@@ -4,7 +4,7 @@
 sample's feature dict; it stays untouched and is the ground truth). At every step, each
 domain group of the ``ddp x cp0 x cp1`` mesh takes one dataset index from its order
 (:mod:`physicsnemo_foldcp.data.sampling`); the group's source rank fetches that sample and
-:func:`~physicsnemo_foldcp.scatter.scatter_features` gives every rank of the group its
+:func:`~physicsnemo_foldcp.sharding.scatter.scatter_features` gives every rank of the group its
 ShardTensor blocks.
 
 Per step and domain group, every rank issues the same collectives:
@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
-from physicsnemo_foldcp.balance import BALANCE_MODES, plan_token_bounds
 from physicsnemo_foldcp.data.sampling import (
     EpochSampler,
     InferenceOrder,
@@ -51,7 +50,8 @@ from physicsnemo_foldcp.data.sampling import (
 from physicsnemo_foldcp.distributed.errors import ErrorPayload, RemoteTraceback
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.scatter import ShardedFeatures, scatter_features
+from physicsnemo_foldcp.sharding.balance import BALANCE_MODES, plan_token_bounds
+from physicsnemo_foldcp.sharding.scatter import ShardedFeatures, scatter_features
 
 logger = logging.getLogger("physicsnemo_foldcp.data")
 
@@ -349,7 +349,7 @@ class ShardedLoader:
         Transport of :func:`scatter_features`.
     balance : {"even", "balanced"}, default "even"
         Row blocks of each sample: equal token counts, or boundaries that balance the
-        cost model of :func:`physicsnemo_foldcp.balance.balanced_token_bounds`, computed
+        cost model of :func:`physicsnemo_foldcp.sharding.balance.balanced_token_bounds`, computed
         on the source rank for every sample (an error there reaches every rank like a
         failed fetch).
     pair_weight, atom_weight : float, default 0.0, 1.0

@@ -8,7 +8,7 @@ Every op handler of this package works on the local blocks of ShardTensors over 
 * a *pair tile* ``[B, N, M, ...]`` is ``(Shard(d), Shard(d + 1))``: rank ``(i, j)`` holds
   the rows of row block ``i`` and the columns of column block ``j``. Column blocks are the
   row blocks when ``cp0 == cp1``, otherwise the padded length split into ``cp1`` blocks
-  that differ by at most one (:meth:`physicsnemo_foldcp.plan.ShardingPlan.column_sizes`).
+  that differ by at most one (:meth:`physicsnemo_foldcp.sharding.plan.ShardingPlan.column_sizes`).
 
 Collectives go through ``torch.distributed._functional_collectives`` on a
 ``(mesh, mesh_dim)`` group, so ``CommDebugMode`` counts them.
@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 
-from physicsnemo_foldcp.plan import split_sizes
+from physicsnemo_foldcp.sharding.plan import split_sizes
 
 ROWS = 0
 """Mesh dim of the token row blocks (``cp0``)."""

@@ -6,6 +6,7 @@
 * :func:`compile_model`: whole-model or regional ``torch.compile`` by CP shape.
 """
 
+from physicsnemo_foldcp.data.datasets import BatchedFiles, SyntheticComplexes, batched
 from physicsnemo_foldcp.training.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -13,7 +14,6 @@ from physicsnemo_foldcp.training.checkpoint import (
     save_checkpoint,
 )
 from physicsnemo_foldcp.training.compile import compile_model, resolve_compile_mode
-from physicsnemo_foldcp.training.datasets import BatchedFiles, SyntheticComplexes, batched
 from physicsnemo_foldcp.training.loop import (
     BatchSizeError,
     OptimizerSettings,

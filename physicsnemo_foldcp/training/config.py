@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from physicsnemo_foldcp.data.datasets import BatchedFiles, SyntheticComplexes
 from physicsnemo_foldcp.models.reference import ModelConfig, ReferenceFoldModel
-from physicsnemo_foldcp.training.datasets import BatchedFiles, SyntheticComplexes
 from physicsnemo_foldcp.training.loop import BatchSizeError, OptimizerSettings, TrainSettings
 
 DATA_KINDS = ("synthetic", "files")

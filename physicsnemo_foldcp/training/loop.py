@@ -43,7 +43,7 @@ from physicsnemo_foldcp.distributed.wrappers import (
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.models.reference import TrunkBlock, reference_loss
 from physicsnemo_foldcp.ops import tag_maps
-from physicsnemo_foldcp.scatter import ShardedFeatures
+from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 from physicsnemo_foldcp.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,

@@ -29,7 +29,7 @@ from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import TOKENS
-from physicsnemo_foldcp.scatter import ShardedFeatures
+from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 from physicsnemo_foldcp.training.loop import autocast, prepare_features, set_precision
 
 logger = logging.getLogger("physicsnemo_foldcp.training")

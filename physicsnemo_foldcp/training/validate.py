@@ -31,7 +31,7 @@ from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.models.reference import reference_loss
 from physicsnemo_foldcp.ops import tag_maps
-from physicsnemo_foldcp.scatter import scatter_features
+from physicsnemo_foldcp.sharding.scatter import scatter_features
 
 _warned_tf32 = False
 

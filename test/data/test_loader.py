@@ -484,7 +484,7 @@ class RnaLigandComplexes(Complexes):
 
 @pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 2, 3), (1, 3, 3)], indirect=True, ids=mesh_id)
 def test_balanced_loader_uses_the_balanced_bounds_of_every_sample(fold_mesh):
-    from physicsnemo_foldcp.balance import (
+    from physicsnemo_foldcp.sharding.balance import (
         atoms_per_token,
         balanced_token_bounds,
         even_token_bounds,

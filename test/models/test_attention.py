@@ -15,7 +15,7 @@ from physicsnemo_foldcp.ops._blocks import (
     tile_shapes,
 )
 from physicsnemo_foldcp.ops.attention import pair_bias_attention
-from physicsnemo_foldcp.plan import split_sizes
+from physicsnemo_foldcp.sharding.plan import split_sizes
 from physicsnemo_foldcp.testing import collective_assert, collective_assert_close
 
 MESHES = [(2, 1, 2), (1, 2, 2), (1, 2, 3), (1, 3, 3)]

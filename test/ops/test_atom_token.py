@@ -19,7 +19,7 @@ from physicsnemo_foldcp.ops import (
     tag_maps,
     tokens_to_atoms,
 )
-from physicsnemo_foldcp.scatter import ShardedFeatures
+from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 from physicsnemo_foldcp.testing import collective_assert, collective_assert_close
 
 pytestmark = pytest.mark.multigpu_static

@@ -5,8 +5,13 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from physicsnemo_foldcp.distributed.packing import unpack
-from physicsnemo_foldcp.layout import expand_wire_blocks, local_block, pack_rank, prepare_sample
+from physicsnemo_foldcp.sharding.layout import (
+    expand_wire_blocks,
+    local_block,
+    pack_rank,
+    prepare_sample,
+)
+from physicsnemo_foldcp.sharding.packing import unpack
 from physicsnemo_foldcp.testing.random_sample import (
     RandomSampleSpec,
     random_registry,

@@ -6,8 +6,8 @@ import pytest
 import torch.distributed as dist
 
 import physicsnemo_foldcp as fc
-from physicsnemo_foldcp import scatter as scatter_module
 from physicsnemo_foldcp.data.synthetic import make_complex
+from physicsnemo_foldcp.sharding import scatter as scatter_module
 from physicsnemo_foldcp.testing import collective_assert
 
 pytestmark = pytest.mark.multigpu_static

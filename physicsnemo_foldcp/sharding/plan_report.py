@@ -2,14 +2,14 @@ r"""Plan report: what each rank of a ``cp0 x cp1`` mesh would hold of one sample
 
 Given a sample (a feature file, or a synthetic complex of a given size) and a mesh shape,
 :func:`plan_report` validates and lays out the sample exactly as the scatter's source rank
-does (:func:`physicsnemo_foldcp.layout.prepare_sample`) and reports, per rank: its serial
+does (:func:`physicsnemo_foldcp.sharding.layout.prepare_sample`) and reports, per rank: its serial
 token and atom ranges, its token column block, the bytes of its blocks per feature group,
 the elements it holds at pad positions, and the imbalance of atoms, pair elements and bytes
 across ranks. :func:`draw_plan` draws the partition. No process group is needed.
 
 Command line::
 
-    python -m physicsnemo_foldcp.plan_report --tokens 512 --cp 2 3 [--preset boltz2] \
+    python -m physicsnemo_foldcp.sharding.plan_report --tokens 512 --cp 2 3 [--preset boltz2] \
         [--balanced] [--features sample.pt|sample.npz] [--png plan.png]
 
 Feature groups (by the registry's axis meanings, first match wins): ``pair`` (two token
@@ -30,17 +30,17 @@ from typing import Any
 
 import torch
 
-from physicsnemo_foldcp.balance import (
+from physicsnemo_foldcp.features.registry import FeatureRegistry
+from physicsnemo_foldcp.features.spec import ATOMS, LAYOUT_AXES, MSA, PASSTHROUGH, RSET, TOKENS
+from physicsnemo_foldcp.sharding.balance import (
     PlanCost,
     atoms_per_token,
     balanced_token_bounds,
     even_token_bounds,
     plan_cost,
 )
-from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.features.spec import ATOMS, LAYOUT_AXES, MSA, PASSTHROUGH, RSET, TOKENS
-from physicsnemo_foldcp.layout import FeatureMeta, local_shape, prepare_sample
-from physicsnemo_foldcp.plan import ShardingPlan
+from physicsnemo_foldcp.sharding.layout import FeatureMeta, local_shape, prepare_sample
+from physicsnemo_foldcp.sharding.plan import ShardingPlan
 
 GROUPS = ("token", "pair", "atom", "msa", "other")
 """Feature groups of the report, in print order."""
@@ -260,8 +260,9 @@ def plan_report(
     registry : FeatureRegistry, optional
         Axis meanings; the Boltz-2 preset by default.
     token_bounds : sequence of int, optional
-        Row-block boundaries (e.g. :func:`physicsnemo_foldcp.balance.balanced_token_bounds`);
-        the even split by default.
+        Row-block boundaries (e.g.
+        :func:`physicsnemo_foldcp.sharding.balance.balanced_token_bounds`); the even split by
+        default.
     token_multiple, atom_multiple : int, default 1
         Per-shard padding multiples, as in :func:`physicsnemo_foldcp.scatter_features`.
     map_layout : {"dense", "index"}, default "dense"
@@ -475,9 +476,9 @@ def _parse_composition(text: str | None) -> dict[str, float] | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``python -m physicsnemo_foldcp.plan_report``."""
+    """The command-line interface of ``python -m physicsnemo_foldcp.sharding.plan_report``."""
     p = argparse.ArgumentParser(
-        prog="python -m physicsnemo_foldcp.plan_report",
+        prog="python -m physicsnemo_foldcp.sharding.plan_report",
         description="Per-rank token/atom ranges, bytes per feature group, padding and "
         "imbalance of one sample on a cp0 x cp1 mesh, and a PNG of the partition.",
     )

@@ -386,7 +386,7 @@ def check_map_within_tokens(
     -------
     torch.Tensor
         int64 ``[N]``: the atom each token picks, ``-1`` for none (the map's index form,
-        :func:`physicsnemo_foldcp.layout.dense_map_to_index`).
+        :func:`physicsnemo_foldcp.sharding.layout.dense_map_to_index`).
 
     Raises
     ------

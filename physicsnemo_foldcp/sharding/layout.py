@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from physicsnemo_foldcp.distributed.packing import pack_into
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import (
     ATOMS,
@@ -29,7 +28,8 @@ from physicsnemo_foldcp.features.spec import (
     TOKENS,
     FeatureSpec,
 )
-from physicsnemo_foldcp.plan import (
+from physicsnemo_foldcp.sharding.packing import pack_into
+from physicsnemo_foldcp.sharding.plan import (
     FeatureValidationError,
     ShardingPlan,
     atom_tokens_from_map,

@@ -3,13 +3,13 @@
 Protocol of :func:`scatter_features` (per sample, per domain group):
 
 1. The source rank validates the sample and plans its layout (:class:`ShardingPlan`,
-   :func:`physicsnemo_foldcp.layout.prepare_sample`); the other ranks do nothing.
+   :func:`physicsnemo_foldcp.sharding.layout.prepare_sample`); the other ranks do nothing.
 2. ONE object all-gather over the domain group: the source contributes the metadata (plan,
    per-feature dtype and shapes, non-tensor values) or the error it hit; every rank
    contributes its registry fingerprint. Every rank then decides the same thing: go on,
    or raise the source's error / a registry mismatch.
 3. The source packs each rank's blocks of all features into one byte buffer, copied
-   straight from the serial tensors (:func:`physicsnemo_foldcp.layout.pack_rank`), and
+   straight from the serial tensors (:func:`physicsnemo_foldcp.sharding.layout.pack_rank`), and
    sends it point-to-point; on the CPU each buffer leaves as soon as it is packed, while
    the next one is packed. Each rank receives only its own buffer, whose size it knows
    from the metadata. Features are iterated in sorted key order everywhere. A dense map
@@ -37,10 +37,9 @@ from physicsnemo.domain_parallel import ShardTensor, scatter_tensor
 
 from physicsnemo_foldcp.distributed.errors import ErrorPayload
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
-from physicsnemo_foldcp.distributed.packing import packed_size, unpack
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, TOKENS
-from physicsnemo_foldcp.layout import (
+from physicsnemo_foldcp.sharding.layout import (
     FeatureMeta,
     PreparedSample,
     expand_wire_blocks,
@@ -50,7 +49,8 @@ from physicsnemo_foldcp.layout import (
     sharding_shapes,
     wire_layout,
 )
-from physicsnemo_foldcp.plan import FeatureValidationError, ShardingPlan
+from physicsnemo_foldcp.sharding.packing import packed_size, unpack
+from physicsnemo_foldcp.sharding.plan import FeatureValidationError, ShardingPlan
 
 METHODS = ("p2p", "scatter_tensor")
 """Transports of :func:`scatter_features`: the true scatter, or PhysicsNeMo's baseline."""

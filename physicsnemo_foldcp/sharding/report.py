@@ -14,8 +14,8 @@ import torch.distributed as dist
 from physicsnemo.domain_parallel import ShardTensor
 
 from physicsnemo_foldcp.features.spec import ATOMS, LAYOUT_AXES, PASSTHROUGH, REPLICATE, TOKENS
-from physicsnemo_foldcp.layout import local_block
-from physicsnemo_foldcp.scatter import ShardedFeatures
+from physicsnemo_foldcp.sharding.layout import local_block
+from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ places the ``cp0 - 1`` boundaries to minimise the largest per-rank cost of a lin
 for the rank at domain coordinate ``(i, j)``, where ``N_i`` and ``A_i`` are the tokens
 and atoms of row block ``i`` and ``C_j`` the tokens of column block ``j`` (the row blocks
 themselves when ``cp0 == cp1``, an even split of the token axis otherwise, as in
-:meth:`physicsnemo_foldcp.plan.ShardingPlan.column_sizes`). Blocks stay contiguous, so
+:meth:`physicsnemo_foldcp.sharding.plan.ShardingPlan.column_sizes`). Blocks stay contiguous, so
 atoms still follow their tokens. The minimum is exact (dynamic programming over prefix
 sums); :func:`plan_cost` evaluates any set of boundaries with the same model.
 
@@ -33,7 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from physicsnemo_foldcp.plan import FeatureValidationError, atom_tokens_from_map, split_sizes
+from physicsnemo_foldcp.sharding.plan import (
+    FeatureValidationError,
+    atom_tokens_from_map,
+    split_sizes,
+)
 
 BALANCE_MODES = ("even", "balanced")
 """Row-block strategies of :func:`plan_token_bounds`."""
@@ -52,7 +56,7 @@ def even_token_bounds(n_tokens: int, cp0: int) -> tuple[int, ...]:
     Returns
     -------
     tuple[int, ...]
-        ``cp0 + 1`` boundaries from 0 to N (what :func:`physicsnemo_foldcp.plan.build_plan`
+        ``cp0 + 1`` boundaries from 0 to N (what :func:`physicsnemo_foldcp.sharding.plan.build_plan`
         uses when given none).
     """
     if cp0 < 1:
