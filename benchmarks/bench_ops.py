@@ -13,12 +13,12 @@ the token or atom row blocks, pair tiles ``(Shard(1), Shard(2))``), two ways:
 ``foldcp``
     The call as a model writes it, with this package's handlers.
 ``fallback``
-    The same call, on untagged ShardTensors, with every ShardTensor function handler of this
-    package removed (PhysicsNeMo's own handlers, where it has one for the callable, are put
-    back) and PhysicsNeMo's own spec resolution restored: what PhysicsNeMo does without this
-    package, i.e. its DTensor fallback. Where it raises, the row says ``fails: <error
-    type>`` and the phase (the messages are listed under the table); where its forward
-    runs, its output (``full_tensor()``) is compared with the ``foldcp`` one.
+    The same call on plain ShardTensors (not the plugin's FoldTensors), with the handlers of
+    the plugin's own functions taken out of PhysicsNeMo's registry: what PhysicsNeMo does
+    without this package, i.e. its own handlers or its DTensor fallback. Where it raises,
+    the row says ``fails: <error type>`` and the phase (the messages are listed under the
+    table); where its forward runs, its output (``full_tensor()``) is compared with the
+    ``foldcp`` one.
 
 Measured per op and path, on every rank: the collectives of the forward and of the backward
 (``out.backward(ones)``; none when the output does not require grad), counted by
@@ -48,7 +48,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from physicsnemo.domain_parallel import ShardTensor
-from physicsnemo.domain_parallel import shard_tensor as _shard_tensor_module
 from torch.distributed.tensor.debug import CommDebugMode
 
 try:
@@ -61,7 +60,8 @@ import physicsnemo_foldcp as fc
 from physicsnemo_foldcp import ops
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
-from physicsnemo_foldcp.ops import uneven_fallback
+from physicsnemo_foldcp.ops import compat
+from physicsnemo_foldcp.ops.dispatch import OWN
 
 PATHS = ("foldcp", "fallback")
 """The two ways every op runs."""
@@ -186,56 +186,38 @@ def describe_counts(counts: Mapping[tuple[str, str], int]) -> str:
 # -- PhysicsNeMo without this package ---------------------------------------------------------
 
 
-def _ours(handler: object) -> bool:
-    return str(getattr(handler, "__module__", "")).startswith("physicsnemo_foldcp")
-
-
 @contextlib.contextmanager
 def physicsnemo_default() -> Iterator[None]:
-    """Remove this package's ShardTensor function handlers and spec fix for the block.
+    """The plugin's own function handlers out of PhysicsNeMo's registry for the block.
 
-    A handler this package chained in front of another (PhysicsNeMo's) is replaced by that
-    one; the others are removed, so the call goes to PhysicsNeMo's DTensor fallback. The
-    registry and the fallback's spec resolution are restored on exit.
+    Together with plain ShardTensor inputs (:func:`untagged`), every call then takes
+    PhysicsNeMo's dispatch exactly as it is without this package.
     """
-    registry = ShardTensor._function_registry
-    saved = dict(registry)
-    saved_resolve = _shard_tensor_module._resolve_spec_for_dtensor
-    try:
-        for func, handler in list(saved.items()):
-            if not _ours(handler):
-                continue
-            previous = getattr(handler, "_foldcp_previous", None)
-            if handler is getattr(uneven_fallback, "_view_as_handler", None):
-                previous = uneven_fallback._PREVIOUS_VIEW_AS
-            while previous is not None and _ours(previous):
-                previous = getattr(previous, "_foldcp_previous", None)
-            if previous is None:
-                del registry[func]
-            else:
-                registry[func] = previous
-        if uneven_fallback.installed() and uneven_fallback._ORIGINAL is not None:
-            _shard_tensor_module._resolve_spec_for_dtensor = uneven_fallback._ORIGINAL
+    with compat.function_handlers_removed(tuple(OWN)):
         yield
-    finally:
-        registry.clear()
-        registry.update(saved)
-        _shard_tensor_module._resolve_spec_for_dtensor = saved_resolve
 
 
 # -- inputs -----------------------------------------------------------------------------------
 
 
 def _from_local(
-    local: torch.Tensor, like: ShardTensor, shapes: dict[int, list[tuple[int, ...]]]
+    local: torch.Tensor,
+    like: ShardTensor,
+    shapes: dict[int, list[tuple[int, ...]]],
+    plugin: bool = True,
 ) -> ShardTensor:
+    if plugin:
+        return ops.wrap(local, like.device_mesh, like.placements, shapes)
     return ShardTensor.from_local(local, like.device_mesh, like.placements, sharding_shapes=shapes)
 
 
+def _shapes(x: ShardTensor) -> dict[int, list[tuple[int, ...]]]:
+    return {k: list(v) for k, v in compat.sharding_shapes(x).items()}
+
+
 def untagged(x: ShardTensor) -> ShardTensor:
-    """A plain ShardTensor with the same local block and spec (no tag, no graph)."""
-    shapes = {k: list(v) for k, v in x._spec._sharding_shapes.items()}
-    return _from_local(x._local_tensor, x, shapes)
+    """A plain ShardTensor (not the plugin's) with the same local block and spec."""
+    return _from_local(compat.local_tensor(x), x, _shapes(x), plugin=False)
 
 
 @dataclass
@@ -271,35 +253,35 @@ class Inputs:
     def rows(self, like: str, trailing: tuple[int, ...], name: str) -> ShardTensor:
         """Random ``[1, L, *trailing]`` leaf, ``(Shard(1), Replicate())``, rows of ``like``."""
         ref = self.features[like]
-        shapes = ref._spec._sharding_shapes
+        shapes = _shapes(ref)
         sizes = [int(s[1]) for s in shapes[0]]
         i = ref.device_mesh.get_coordinate()[0]
         start = sum(sizes[:i])
         full = self._values(name, (1, sum(sizes), *trailing))
-        local = full[:, start : start + sizes[i]].clone().to(ref._local_tensor.device)
+        local = full[:, start : start + sizes[i]].clone().to(ref.device)
         local.requires_grad_(True)
         new = {k: [(*s[:2], *trailing) for s in v] for k, v in shapes.items()}
-        return _from_local(local, ref, new)
+        return _from_local(local, ref, new, self.tagged)
 
     def tile(self, trailing: tuple[int, ...], name: str) -> ShardTensor:
         """Random ``[1, N, N, *trailing]`` leaf, the pair tile of ``token_bonds``."""
         ref = self.features["token_bonds"]
-        shapes = ref._spec._sharding_shapes
+        shapes = _shapes(ref)
         rows = [int(s[1]) for s in shapes[0]]
         cols = [int(s[2]) for s in shapes[1]]
         i, j = ref.device_mesh.get_coordinate()
         r0, c0 = sum(rows[:i]), sum(cols[:j])
         full = self._values(name, (1, sum(rows), sum(cols), *trailing))
         local = full[:, r0 : r0 + rows[i], c0 : c0 + cols[j]].clone()
-        local = local.to(ref._local_tensor.device).requires_grad_(True)
+        local = local.to(ref.device).requires_grad_(True)
         new = {k: [(*s[:3], *trailing) for s in v] for k, v in shapes.items()}
-        return _from_local(local, ref, new)
+        return _from_local(local, ref, new, self.tagged)
 
     def mask_rows(self) -> ShardTensor:
         """``token_pad_mask`` as a float leaf that requires grad."""
         ref = self.features["token_pad_mask"]
-        local = ref._local_tensor.float().clone().requires_grad_(True)
-        return _from_local(local, ref, {k: list(v) for k, v in ref._spec._sharding_shapes.items()})
+        local = compat.local_tensor(ref).float().clone().requires_grad_(True)
+        return _from_local(local, ref, _shapes(ref), self.tagged)
 
 
 OpFn = Callable[[Inputs], Callable[[], torch.Tensor]]
@@ -450,9 +432,9 @@ def _agree(error: str | None) -> str | None:
 def _ones_like(out: ShardTensor) -> torch.Tensor:
     if not isinstance(out, ShardTensor):
         return torch.ones_like(out)
-    shapes = out._spec._sharding_shapes
+    shapes = compat.sharding_shapes(out)
     return ShardTensor.from_local(
-        torch.ones_like(out._local_tensor),
+        torch.ones_like(compat.local_tensor(out)),
         out.device_mesh,
         out.placements,
         sharding_shapes={k: list(v) for k, v in shapes.items()} if shapes else "infer",
@@ -532,7 +514,7 @@ def run_op(
     result["fwd_debug_total"] = fwd.debug_total()
     result["placements"] = str(tuple(out.placements)) if isinstance(out, ShardTensor) else "-"
     result["output"] = out
-    local = out._local_tensor if isinstance(out, ShardTensor) else out
+    local = compat.local_tensor(out) if isinstance(out, ShardTensor) else out
     result["out_bytes"] = local.numel() * local.element_size()
     backward = out.requires_grad
     if backward:
@@ -596,8 +578,8 @@ def chunk_mismatch(features: Mapping[str, Any]) -> str | None:
     token-sharded tensor all-gathers blocks of unequal sizes, which gloo does not detect
     (the ranks' next collectives hang).
     """
-    rows = [int(s[1]) for s in features["res_type"]._spec._sharding_shapes[0]]
-    cols = [int(s[2]) for s in features["token_bonds"]._spec._sharding_shapes[1]]
+    rows = [int(s[1]) for s in compat.sharding_shapes(features["res_type"])[0]]
+    cols = [int(s[2]) for s in compat.sharding_shapes(features["token_bonds"])[1]]
     n = sum(rows)
     for name, sizes in (("token row blocks", rows), ("pair column blocks", cols)):
         chunks = [len(c) for c in torch.arange(n).chunk(len(sizes))]

@@ -69,6 +69,7 @@ from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import wrap_model
 from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel, reference_loss
 from physicsnemo_foldcp.models.reference import TrunkBlock
+from physicsnemo_foldcp.ops import compat
 from physicsnemo_foldcp.training.loop import (
     OptimizerSettings,
     build_optimizer,
@@ -83,7 +84,7 @@ BENCHMARK = "train_step"
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, ShardTensor) else t
+    return compat.local_tensor(t) if isinstance(t, ShardTensor) else t
 
 
 def _bytes(tensors: Any) -> int:

@@ -2,8 +2,15 @@
 
 One complex's token, atom, MSA and pair features are sharded over a 2-D ``(cp0, cp1)``
 mesh of ranks; the serial featurizer and model stay as they are. Importing the package
-registers the ShardTensor handlers of the cross-axis ops (:mod:`physicsnemo_foldcp.ops`).
+checks the installed PhysicsNeMo and torch against the tested range
+(:mod:`physicsnemo_foldcp.versions`) before anything else, then registers the handlers of
+the plugin's own ops (:mod:`physicsnemo_foldcp.ops`); ShardTensors the plugin did not make
+keep PhysicsNeMo's dispatch unchanged.
 """
+
+from physicsnemo_foldcp import versions
+
+versions.check()
 
 from physicsnemo_foldcp import ops
 from physicsnemo_foldcp.data import FoldCPDataModule, ShardedLoader, ShardedSample

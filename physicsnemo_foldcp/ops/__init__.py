@@ -1,10 +1,10 @@
-"""Cross-axis ops of a folding model, with ShardTensor handlers registered at import.
+"""Cross-axis ops of a folding model, and the dispatch of the plugin's own ShardTensors.
 
 A serial model calls the plain-torch functions below (or Boltz's own ``torch.bmm`` /
-``torch.einsum`` / ``s[:, :, None] + s[:, None, :]`` / ``torch.cdist`` expressions); on
-ShardTensors from :func:`physicsnemo_foldcp.scatter_features` the same calls compute on the
-co-sharded local blocks and return the serial result, sharded. Communication, forward /
-backward (a collective over a mesh dim of size 1 is skipped):
+``torch.einsum`` / ``s[:, :, None] + s[:, None, :]`` / ``torch.cdist`` expressions); on the
+features of :func:`physicsnemo_foldcp.scatter_features` (:class:`FoldTensor` s) the same
+calls compute on the co-sharded local blocks and return the serial result, sharded.
+Communication, forward / backward (a collective over a mesh dim of size 1 is skipped):
 
 * :func:`tokens_to_atoms`, :func:`atoms_to_tokens_mean`, :func:`representative_atoms`:
   output ``(Shard(1), Replicate())``; none / none.
@@ -12,25 +12,21 @@ backward (a collective over a mesh dim of size 1 is skipped):
   ``(Shard(1), Shard(2))``; one all-gather over ``cp0`` / one reduce-scatter over ``cp0``
   and one all-reduce over ``cp1``.
 * :func:`relative_position_encoding`: the pair tile; one all-gather over ``cp0`` / -.
-* dtype casts (``x.float()``, ``x.to(dtype)``, ...) of any ShardTensor: same blocks; none.
 * :func:`pair_bias_attention`: ``q, k, v`` rows ``(Shard(1), Replicate())`` and the bias
   tile, output rows; one all-gather over ``cp0`` and two all-reduces over ``cp1`` / one
   reduce-scatter over ``cp0`` and one all-reduce over ``cp1``.
-* any other op through PhysicsNeMo's DTensor fallback: results that keep the sharded
-  lengths of an operand keep its uneven blocks (:mod:`~physicsnemo_foldcp.ops.uneven_fallback`).
 * :func:`masked_mean`: ``Replicate`` over the mesh dims that shard a reduced axis (never
   ``Partial``); one all-reduce per such mesh dim / none.
+* every other torch function on a FoldTensor: the rule table
+  (:mod:`~physicsnemo_foldcp.ops.rules`, printed by ``rules.table()``): local on the
+  blocks where it can be, gathered (and reported) where it reads along a sharded axis.
 
-The Boltz expressions that run distributed are listed in :mod:`physicsnemo_foldcp.ops.maps`
-(atom<->token maps, after :func:`tag_maps`) and :mod:`physicsnemo_foldcp.ops.single_pair`
-(broadcast views of singles, ``torch.cdist``).
+Only FoldTensors (and calls that have one among their operands) take this path; a
+ShardTensor made elsewhere keeps PhysicsNeMo's dispatch as it is. Every private upstream
+name the package uses is in :mod:`~physicsnemo_foldcp.ops.compat`.
 """
 
-from physicsnemo_foldcp.ops import (
-    _dispatch,  # noqa: F401 - PhysicsNeMo's handlers first
-    casts,  # noqa: F401 - registers the cast handlers
-    uneven_fallback,
-)
+from physicsnemo_foldcp.ops import rules
 from physicsnemo_foldcp.ops._blocks import MapLayoutError, ShardingLayoutError
 from physicsnemo_foldcp.ops.atom_token import (
     atoms_to_tokens_mean,
@@ -38,6 +34,7 @@ from physicsnemo_foldcp.ops.atom_token import (
     tokens_to_atoms,
 )
 from physicsnemo_foldcp.ops.attention import pair_bias_attention
+from physicsnemo_foldcp.ops.events import GatherEvent, observe
 from physicsnemo_foldcp.ops.maps import SUPPORTED_FORMS, tag_maps
 from physicsnemo_foldcp.ops.masks import masked_mean, pair_mask
 from physicsnemo_foldcp.ops.single_pair import (
@@ -46,18 +43,22 @@ from physicsnemo_foldcp.ops.single_pair import (
     relative_position_encoding,
     relpos_width,
 )
-from physicsnemo_foldcp.ops.tags import MapTag, TaggedShardTensor, ViewTag, map_tag
+from physicsnemo_foldcp.ops.tags import MapTag, ViewTag
+from physicsnemo_foldcp.ops.tensor import FoldTensor, adopt, map_tag, tag_of, view_tag, wrap
 
 __all__ = [
     "SUPPORTED_FORMS",
+    "FoldTensor",
+    "GatherEvent",
     "MapLayoutError",
     "MapTag",
     "ShardingLayoutError",
-    "TaggedShardTensor",
     "ViewTag",
+    "adopt",
     "atoms_to_tokens_mean",
     "map_tag",
     "masked_mean",
+    "observe",
     "outer_sum",
     "pair_bias_attention",
     "pair_distances",
@@ -65,8 +66,10 @@ __all__ = [
     "relative_position_encoding",
     "relpos_width",
     "representative_atoms",
+    "rules",
     "tag_maps",
+    "tag_of",
     "tokens_to_atoms",
+    "view_tag",
+    "wrap",
 ]
-
-uneven_fallback.install()

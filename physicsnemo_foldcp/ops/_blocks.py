@@ -10,7 +10,7 @@ Every op handler of this package works on the local blocks of ShardTensors over 
   row blocks when ``cp0 == cp1``, otherwise the padded length split into ``cp1`` blocks
   that differ by at most one (:meth:`physicsnemo_foldcp.sharding.plan.ShardingPlan.column_sizes`).
 
-Collectives go through ``torch.distributed._functional_collectives`` on a
+Collectives are the functional collectives of :mod:`physicsnemo_foldcp.ops.compat` on a
 ``(mesh, mesh_dim)`` group, so ``CommDebugMode`` counts them.
 """
 
@@ -20,12 +20,12 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import Replicate, Shard
 
+from physicsnemo_foldcp.ops import compat
 from physicsnemo_foldcp.sharding.plan import split_sizes
 
 ROWS = 0
@@ -55,7 +55,7 @@ def describe(x: object) -> str:
     if isinstance(x, (ShardTensor, DTensor)):
         return (
             f"{type(x).__name__} of global shape {tuple(x.shape)}, placements "
-            f"{tuple(x.placements)}, local shape {tuple(x._local_tensor.shape)}"
+            f"{tuple(x.placements)}, local shape {tuple(compat.local_tensor(x).shape)}"
         )
     if isinstance(x, torch.Tensor):
         return f"plain tensor of shape {tuple(x.shape)}"
@@ -77,7 +77,7 @@ def require_shard_tensor(x: object, op: str, arg: str) -> ShardTensor:
             f"{op}: {arg} lives on a {x.device_mesh.ndim}-D mesh; the ops need the 2-D "
             f"(cp0, cp1) domain mesh (FoldMesh.domain_mesh), got {describe(x)}"
         )
-    if x._spec._sharding_shapes is None:
+    if compat.sharding_shapes(x) is None:
         raise ShardingLayoutError(
             f"{op}: {arg} carries no sharding shapes; build it with explicit sharding_shapes"
         )
@@ -121,7 +121,7 @@ def row_dim(x: ShardTensor, op: str, arg: str, expected: int | None = None) -> i
 
 def mesh_sizes(x: ShardTensor, mesh_dim: int, dim: int) -> list[int]:
     """Local lengths of tensor dim ``dim`` on the ranks along ``mesh_dim``."""
-    shapes = x._spec._sharding_shapes[mesh_dim]
+    shapes = compat.sharding_shapes(x)[mesh_dim]
     return [int(s[dim]) for s in shapes]
 
 
@@ -147,7 +147,7 @@ def local_of(x: ShardTensor) -> torch.Tensor:
     """The local block, differentiable when ``x`` requires grad (no communication)."""
     if torch.is_grad_enabled() and x.requires_grad:
         return x.to_local()
-    return x._local_tensor
+    return compat.local_tensor(x)
 
 
 def row_shapes(
@@ -183,48 +183,31 @@ def tile_shapes(
     }
 
 
-def wrap(
-    local: torch.Tensor,
-    mesh: DeviceMesh,
-    placements: Sequence[Placement],
-    shapes: dict[int, list[tuple[int, ...]]],
-) -> ShardTensor:
-    """``ShardTensor.from_local`` with explicit sharding shapes (differentiable, no comm)."""
-    return ShardTensor.from_local(local, mesh, tuple(placements), sharding_shapes=shapes)
-
-
-_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
-_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
-
-
-def _waited(t: torch.Tensor) -> torch.Tensor:
-    if isinstance(t, funcol.AsyncCollectiveTensor):
-        return t.wait()
-    return t
-
-
-def gather_rows(
-    local: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh
+def gather_blocks(
+    local: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh, mesh_dim: int
 ) -> torch.Tensor:
-    """All-gather uneven row blocks over ``cp0``: ONE ``all_gather_into_tensor``.
+    """All-gather uneven blocks over ``mesh_dim``: ONE ``all_gather_into_tensor``.
 
     Each block is padded to the largest along ``dim``, gathered, then unpadded.
 
     Parameters
     ----------
     local : torch.Tensor
-        This rank's row block (length ``sizes[i]`` along ``dim``).
+        This rank's block (length ``sizes[k]`` along ``dim`` at coordinate ``k``).
     dim : int
-        Row dim.
+        Tensor dim of the blocks.
     sizes : sequence of int
-        Row lengths of the ``cp0`` blocks.
+        Block lengths of the ranks along ``mesh_dim``.
     mesh : DeviceMesh
-        The 2-D domain mesh.
+        The domain mesh.
+    mesh_dim : int
+        Mesh dim the blocks are spread over.
 
     Returns
     -------
     torch.Tensor
-        The full length ``sum(sizes)`` along ``dim``, identical on the ranks of a column.
+        The full length ``sum(sizes)`` along ``dim``, identical on the ranks along
+        ``mesh_dim`` (no communication when there is one block).
     """
     if len(sizes) == 1:
         return local
@@ -234,35 +217,37 @@ def gather_rows(
         pad_shape = list(local.shape)
         pad_shape[dim] = widest - local.shape[dim]
         padded = torch.cat([local, local.new_zeros(pad_shape)], dim=dim)
-    gathered = _waited(_all_gather(padded.contiguous(), dim, (mesh, ROWS)))
+    gathered = compat.all_gather(padded, dim, mesh, mesh_dim)
     pieces = [gathered.narrow(dim, r * widest, n) for r, n in enumerate(sizes)]
     return torch.cat(pieces, dim=dim)
 
 
-def reduce_scatter_rows(
-    full: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh
+def reduce_scatter_blocks(
+    full: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh, mesh_dim: int
 ) -> torch.Tensor:
-    """Adjoint of :func:`gather_rows`: ONE ``reduce_scatter_tensor`` over ``cp0``.
+    """Adjoint of :func:`gather_blocks`: ONE ``reduce_scatter_tensor`` over ``mesh_dim``.
 
     Parameters
     ----------
     full : torch.Tensor
         A full-length (``sum(sizes)`` along ``dim``) contribution on every rank.
     dim : int
-        Row dim.
+        Tensor dim of the blocks.
     sizes : sequence of int
-        Row lengths of the ``cp0`` blocks.
+        Block lengths of the ranks along ``mesh_dim``.
     mesh : DeviceMesh
-        The 2-D domain mesh.
+        The domain mesh.
+    mesh_dim : int
+        Mesh dim the blocks are spread over.
 
     Returns
     -------
     torch.Tensor
-        This rank's row block of the sum of the contributions over ``cp0``.
+        This rank's block of the sum of the contributions over ``mesh_dim``.
     """
-    i = mesh.get_coordinate()[ROWS]
     if len(sizes) == 1:
         return full
+    k = mesh.get_coordinate()[mesh_dim]
     widest = max(sizes)
     pieces = []
     for r, n in enumerate(sizes):
@@ -272,16 +257,29 @@ def reduce_scatter_rows(
             pad_shape[dim] = widest - n
             piece = torch.cat([piece, piece.new_zeros(pad_shape)], dim=dim)
         pieces.append(piece)
-    stacked = torch.cat(pieces, dim=dim).contiguous()
-    mine = _waited(_reduce_scatter(stacked, "sum", dim, (mesh, ROWS)))
-    return mine.narrow(dim, 0, sizes[i])
+    mine = compat.reduce_scatter(torch.cat(pieces, dim=dim), dim, mesh, mesh_dim)
+    return mine.narrow(dim, 0, sizes[k])
 
 
-def all_reduce(t: torch.Tensor, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
-    """Sum over the ranks along ``mesh_dim``: ONE ``all_reduce`` (none when the dim is 1)."""
+def gather_rows(
+    local: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh
+) -> torch.Tensor:
+    """:func:`gather_blocks` over ``cp0`` (the token row blocks)."""
+    return gather_blocks(local, dim, sizes, mesh, ROWS)
+
+
+def reduce_scatter_rows(
+    full: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh
+) -> torch.Tensor:
+    """:func:`reduce_scatter_blocks` over ``cp0`` (the token row blocks)."""
+    return reduce_scatter_blocks(full, dim, sizes, mesh, ROWS)
+
+
+def all_reduce(t: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, op: str = "sum") -> torch.Tensor:
+    """Reduce over the ranks along ``mesh_dim``: ONE ``all_reduce`` (none when the dim is 1)."""
     if mesh.size(mesh_dim) == 1:
         return t
-    return _waited(funcol.all_reduce(t.contiguous(), "sum", (mesh, mesh_dim)))
+    return compat.all_reduce(t, op, mesh, mesh_dim)
 
 
 class RowsAndColumns(torch.autograd.Function):

@@ -39,10 +39,11 @@ from physicsnemo_foldcp.ops._blocks import (
     require_shard_tensor,
     row_dim,
     row_shapes,
-    wrap,
 )
-from physicsnemo_foldcp.ops._dispatch import register_own
-from physicsnemo_foldcp.ops.tags import MapTag, global_shape, map_tag
+from physicsnemo_foldcp.ops.compat import global_shape, local_tensor
+from physicsnemo_foldcp.ops.dispatch import register_own
+from physicsnemo_foldcp.ops.tags import MapTag
+from physicsnemo_foldcp.ops.tensor import map_tag, wrap
 
 DEFAULT_EPS = 1e-6
 """Boltz's ``eps`` in the atoms -> tokens mean."""
@@ -200,7 +201,7 @@ def contract_rows(
             f"blocks are {x_sizes}, the map's {tag.axes[1]} blocks are {list(tag.block_sizes)}"
         )
     start, length = block(x_sizes, i)
-    m_local = m._local_tensor
+    m_local = local_tensor(m)
     x_local = local_of(x)
     what = f"{op}: {m_arg} ({tag.name!r})" if tag else f"{op}: {m_arg}"
     if layout == "dense":
@@ -290,7 +291,7 @@ def contract_columns(
             f"{x_sizes} vs {m_sizes}"
         )
     start, length = tag.column_block(i)
-    m_local = m._local_tensor
+    m_local = local_tensor(m)
     x_local = local_of(x)
     what = f"{op}: {m_arg} ({tag.name!r})"
     if layout == "index":

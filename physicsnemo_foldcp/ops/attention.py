@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Replicate, Shard
@@ -31,6 +30,7 @@ from physicsnemo_foldcp.ops._blocks import (
     RowsAndColumns,
     ShardingLayoutError,
     SumToReplicate,
+    all_reduce,
     block,
     coordinate,
     describe,
@@ -40,10 +40,10 @@ from physicsnemo_foldcp.ops._blocks import (
     require_shard_tensor,
     row_dim,
     row_shapes,
-    wrap,
 )
-from physicsnemo_foldcp.ops._dispatch import register_own
-from physicsnemo_foldcp.ops.tags import global_shape
+from physicsnemo_foldcp.ops.compat import global_shape, local_tensor
+from physicsnemo_foldcp.ops.dispatch import register_own
+from physicsnemo_foldcp.ops.tensor import wrap
 
 DEFAULT_INF = 1e6
 """Magnitude of the additive logit penalty on masked keys (Boltz's ``inf``)."""
@@ -157,12 +157,7 @@ def _row_max(logits: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
             local = logits.new_full(logits.shape[:-1] + (1,), -torch.inf)
         else:
             local = logits.amax(dim=-1, keepdim=True)
-        if mesh.size(COLUMNS) == 1:
-            return local
-        out = funcol.all_reduce(local.contiguous(), "max", (mesh, COLUMNS))
-        if isinstance(out, funcol.AsyncCollectiveTensor):
-            out = out.wait()
-        return out
+        return all_reduce(local, mesh, COLUMNS, "max")
 
 
 def _require_rows(x: object, op: str, arg: str) -> ShardTensor:
@@ -230,7 +225,7 @@ def _attention_handler(func, types, args, kwargs):
     if key_mask is None:
         mask_local = q_local.new_ones(b, n_i)
     else:
-        mask_local = key_mask._local_tensor.detach().to(q_local.dtype)
+        mask_local = local_tensor(key_mask).detach().to(q_local.dtype)
     keys = torch.cat(
         [
             k_local.reshape(b, n_i, h * d),

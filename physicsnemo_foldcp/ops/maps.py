@@ -21,7 +21,8 @@ The right operand must be a ShardTensor ``(Shard(1), Replicate())`` whose row bl
 the blocks of the contracted map axis (what the scatter gives every token/atom feature).
 
 The tag survives, computed locally: dtype casts (``.float()``, ``.to(dtype)``),
-``detach``, ``clone``, ``contiguous``; swapping the map's two axes (``transpose``,
+``detach``, ``clone``, ``contiguous``; unit dims before the map's axes (``.unsqueeze(0)``,
+``[None]`` on an unbatched map); swapping the map's two axes (``transpose``,
 ``swapaxes``, ``permute``, ``.mT``, ``.t()``, ``.T``); multiplying or dividing by a number
 or by a tensor that broadcasts over the map and is replicated, or row-sharded like the map
 axis it spans (Boltz's normalization). ``map.sum(dim)`` over either map axis is local too
@@ -32,7 +33,10 @@ all-gathering: a right operand laid out otherwise; the map as the right operand;
 map in a product; a map that requires grad; and a product with a tensor derived from a map
 by an op the plugin cannot follow (``view``, ``reshape``, indexing, ``+``), e.g. Boltz's
 windowed ``einsum("bijd,bwki,bwlj->bwkld", z, a2t_queries, a2t_keys)``. Every other use of
-a map keeps PhysicsNeMo's default behaviour, and an untagged map is an ordinary ShardTensor.
+a map is an ordinary op on a FoldTensor (:mod:`physicsnemo_foldcp.ops.rules`).
+
+The rules here are rows of the rule table; they return ``NotImplemented`` for calls that
+are not of their form.
 """
 
 from __future__ import annotations
@@ -59,24 +63,16 @@ from physicsnemo_foldcp.ops._blocks import (
     local_of,
     mesh_sizes,
     row_shapes,
-    wrap,
 )
-from physicsnemo_foldcp.ops._dispatch import register_chained
 from physicsnemo_foldcp.ops.atom_token import (
     contract_columns,
     contract_rows,
     dense_block_problem,
     index_block_problem,
 )
-from physicsnemo_foldcp.ops.tags import (
-    MapTag,
-    global_shape,
-    map_tag,
-    register_after,
-    register_rule,
-    tag_of,
-    tagged,
-)
+from physicsnemo_foldcp.ops.compat import global_shape, local_tensor, sharding_shapes
+from physicsnemo_foldcp.ops.tags import MapTag
+from physicsnemo_foldcp.ops.tensor import FoldTensor, fold, map_tag, tag_of, wrap
 
 SUPPORTED_FORMS = (
     "torch.bmm / torch.matmul / torch.mm / Tensor.bmm / @ with the map as LEFT operand and "
@@ -169,7 +165,7 @@ def tag_maps(features: Any, *, check: bool = True) -> Any:
             problem = _check_tag(value, tag, plan)
             if problem:
                 problems.append(problem)
-        tagged(value, tag)
+        features[name] = fold(value, tag)
     if check:
         _raise_collectively(problems, mesh)
     return features
@@ -196,7 +192,7 @@ def _check_tag(value: ShardTensor, tag: MapTag, plan: Any) -> str | None:
         return f"{tag.name}: cp0 row blocks {sizes} disagree with the plan's {planned}"
     i, _ = coordinate(value.device_mesh)
     start, length = tag.column_block(i)
-    local = value._local_tensor
+    local = local_tensor(value)
     if tag.layout == "dense":
         return dense_block_problem(local, tag.block_dim, start, length, tag.name)
     return index_block_problem(local, start, length, tag.name)
@@ -223,6 +219,67 @@ def _raise_collectively(problems: list[str], mesh: Any) -> None:
 # -- rules that keep a map's tag -------------------------------------------------------------
 
 
+KEEP_TAG_FUNCS: tuple[Callable, ...] = tuple(
+    getattr(torch.Tensor, name)
+    for name in (
+        "float", "double", "half", "bfloat16", "long", "int", "short", "bool", "to",
+        "detach", "clone", "contiguous",
+    )
+)  # fmt: skip
+"""Ops after which a tagged tensor keeps its tag (computed locally, no communication)."""
+
+
+def keep_tag_rule(func: Callable, args: tuple, kwargs: dict):
+    """Casts, ``detach``, ``clone``, ``contiguous`` of a tagged tensor: same blocks and tag."""
+    x = args[0] if args else None
+    tag = tag_of(x)
+    others = list(args[1:]) + list(kwargs.values())
+    if tag is None or any(isinstance(v, torch.Tensor) for v in others):
+        return NotImplemented
+    local = local_tensor(x) if func is torch.Tensor.detach else local_of(x)
+    new = func(local, *args[1:], **kwargs)
+    if not isinstance(new, torch.Tensor) or new.shape != local.shape or new.device != local.device:
+        return NotImplemented
+    shapes = {k: list(v) for k, v in sharding_shapes(x).items()}
+    return wrap(new, x.device_mesh, x.placements, shapes, tag)
+
+
+UNSQUEEZE_FUNCS = (torch.Tensor.unsqueeze, torch.unsqueeze, torch.Tensor.__getitem__)
+"""Ops that insert unit dims; before a map's two axes they keep its tag (shifted)."""
+
+
+def _leading_units(func: Callable, args: tuple, kwargs: dict, ndim: int) -> int | None:
+    """How many unit dims the call inserts before every existing dim, or ``None``."""
+    if func is torch.Tensor.__getitem__:
+        key = args[1] if len(args) == 2 and isinstance(args[1], tuple) else args[1:]
+        leading = 0
+        while leading < len(key) and key[leading] is None:
+            leading += 1
+        rest = key[leading:]
+        full = slice(None)
+        if not leading or any(e is not Ellipsis and e != full for e in rest):
+            return None
+        return leading
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    return 1 if isinstance(dim, int) and dim % (ndim + 1) == 0 else None
+
+
+def unsqueeze_rule(func: Callable, args: tuple, kwargs: dict):
+    """``map.unsqueeze(0)`` / ``map[None]`` of an unbatched map: the tag shifts, no comm."""
+    x = args[0] if args else None
+    tag = map_tag(x)
+    if tag is None:
+        return NotImplemented
+    ndim = len(global_shape(x))
+    units = _leading_units(func, args, kwargs, ndim)
+    if not units:
+        return NotImplemented
+    local = local_of(x).reshape((1,) * units + tuple(local_tensor(x).shape))
+    shapes = {k: [(1,) * units + tuple(s) for s in v] for k, v in sharding_shapes(x).items()}
+    placements = (Shard(tag.sharded_dim + units), Replicate())
+    return wrap(local, x.device_mesh, placements, shapes, tag.shifted(units))
+
+
 def _dims_of_swap(func: Callable, args: tuple, kwargs: dict, ndim: int) -> tuple[int, int] | None:
     """The two tensor dims a transposing call swaps, or ``None`` if it is not a swap."""
     if func == torch.Tensor.mT.__get__:
@@ -244,7 +301,7 @@ def _dims_of_swap(func: Callable, args: tuple, kwargs: dict, ndim: int) -> tuple
     return int(values[0]) % ndim, int(values[1]) % ndim
 
 
-_SWAP_FUNCS = (
+SWAP_FUNCS = (
     torch.Tensor.transpose,
     torch.transpose,
     torch.Tensor.swapaxes,
@@ -260,7 +317,8 @@ _SWAP_FUNCS = (
 )
 
 
-def _swap_rule(func: Callable, args: tuple, kwargs: dict):
+def swap_rule(func: Callable, args: tuple, kwargs: dict):
+    """Swapping a map's two axes (``transpose``, ``permute``, ``mT``, ``t``): the tag swaps."""
     x = args[0]
     tag = map_tag(x)
     if tag is None or tag.layout != "dense":
@@ -278,9 +336,8 @@ def _swap_rule(func: Callable, args: tuple, kwargs: dict):
         out[d0], out[d1] = out[d1], out[d0]
         return tuple(out)
 
-    shapes = {ROWS: [swapped(s) for s in x._spec._sharding_shapes[ROWS]]}
-    out = wrap(local, x.device_mesh, (Shard(new_tag.sharded_dim), Replicate()), shapes)
-    return tagged(out, new_tag)
+    shapes = {ROWS: [swapped(s) for s in sharding_shapes(x)[ROWS]]}
+    return wrap(local, x.device_mesh, (Shard(new_tag.sharded_dim), Replicate()), shapes, new_tag)
 
 
 def _sum_arguments(args: tuple, kwargs: dict) -> tuple[Any, bool, Any] | None:
@@ -296,7 +353,8 @@ def _sum_arguments(args: tuple, kwargs: dict) -> tuple[Any, bool, Any] | None:
     return int(dim), bool(keepdim), kwargs.get("dtype")
 
 
-def _sum_rule(func: Callable, args: tuple, kwargs: dict):
+def sum_rule(func: Callable, args: tuple, kwargs: dict):
+    """``map.sum(axis)`` over either map axis: local row-sharded sums (never ``Partial``)."""
     x = args[0]
     tag = map_tag(x)
     parsed = _sum_arguments(args, kwargs)
@@ -324,8 +382,8 @@ def _sum_rule(func: Callable, args: tuple, kwargs: dict):
     )
 
 
-_MUL_FUNCS = (torch.Tensor.mul, torch.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__)
-_DIV_FUNCS = (
+MUL_FUNCS = (torch.Tensor.mul, torch.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__)
+DIV_FUNCS = (
     torch.Tensor.div,
     torch.div,
     torch.Tensor.true_divide,
@@ -348,7 +406,7 @@ def _factor_part(
             placements[COLUMNS], Replicate
         ):
             return None
-        local = other._local_tensor
+        local = local_tensor(other)
         o_shape = (
             tuple(int(s) for s in other.shape)
             if isinstance(other, DTensor)
@@ -389,11 +447,12 @@ def _factor_part(
     return local
 
 
-def _scale_rule(func: Callable, args: tuple, kwargs: dict):
+def scale_rule(func: Callable, args: tuple, kwargs: dict):
+    """``map * factor`` / ``map / factor`` (Boltz's normalisation): same blocks, same tag."""
     if len(args) != 2 or set(kwargs) - {"out"} or "out" in kwargs:
         return NotImplemented
     first, second = args
-    divide = func in _DIV_FUNCS
+    divide = func in DIV_FUNCS
     if map_tag(first) is not None:
         m, other, map_first = first, second, True
     elif map_tag(second) is not None and not divide:
@@ -429,11 +488,11 @@ def _scale_rule(func: Callable, args: tuple, kwargs: dict):
     out_local = torch.cat(pieces, dim=tag.block_dim) if len(pieces) > 1 else result
     if tuple(out_local.shape) != tuple(local.shape):
         return NotImplemented
-    out = wrap(out_local, mesh, m.placements, dict(m._spec._sharding_shapes))
-    return tagged(out, tag)
+    shapes = {k: list(v) for k, v in sharding_shapes(m).items()}
+    return wrap(out_local, mesh, m.placements, shapes, tag)
 
 
-def _mark_derived(func: Callable, args: tuple, kwargs: dict, result: Any) -> Any:
+def mark_derived(func: Callable, args: tuple, kwargs: dict, result: Any) -> Any:
     """Results of ops without a rule that carry a whole map's data keep a 'derived' tag."""
     if func in CONTRACTION_FUNCS:
         return result
@@ -447,8 +506,8 @@ def _mark_derived(func: Callable, args: tuple, kwargs: dict, result: Any) -> Any
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
 
     def mark(r: Any) -> None:
-        if isinstance(r, ShardTensor) and tag_of(r) is None and math.prod(global_shape(r)) == numel:
-            tagged(r, tag.derived(name))
+        if isinstance(r, FoldTensor) and tag_of(r) is None and math.prod(global_shape(r)) == numel:
+            fold(r, tag.derived(name))
 
     if isinstance(result, (tuple, list)):
         for r in result:
@@ -458,10 +517,6 @@ def _mark_derived(func: Callable, args: tuple, kwargs: dict, result: Any) -> Any
     return result
 
 
-register_rule(_SWAP_FUNCS, _swap_rule)
-register_rule((torch.Tensor.sum, torch.sum), _sum_rule)
-register_rule(_MUL_FUNCS + _DIV_FUNCS, _scale_rule)
-register_after(_mark_derived)
 
 
 # -- products with a map ---------------------------------------------------------------------
@@ -540,7 +595,8 @@ def _route_einsum(args: tuple, kwargs: dict) -> ShardTensor:
     return _contract(m, x, m_sub.index(contracted), op)
 
 
-def _contraction_handler(func: Callable, types: tuple, args: tuple, kwargs: dict):
+def contraction_rule(func: Callable, args: tuple, kwargs: dict):
+    """``bmm`` / ``matmul`` / ``mm`` / ``@`` / ``einsum`` with a tagged map: local, or refused."""
     if func is torch.einsum:
         operands = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
         if not any(map_tag(o) is not None for o in operands):
@@ -551,6 +607,15 @@ def _contraction_handler(func: Callable, types: tuple, args: tuple, kwargs: dict
     return _route_product(func, args, kwargs)
 
 
-register_chained(CONTRACTION_FUNCS, _contraction_handler, "foldcp.maps.contraction")
-
-__all__ = ["CONTRACTION_FUNCS", "SUPPORTED_FORMS", "tag_maps"]
+__all__ = [
+    "CONTRACTION_FUNCS",
+    "SUPPORTED_FORMS",
+    "contraction_rule",
+    "keep_tag_rule",
+    "mark_derived",
+    "scale_rule",
+    "sum_rule",
+    "swap_rule",
+    "tag_maps",
+    "unsqueeze_rule",
+]

@@ -27,11 +27,11 @@ from physicsnemo_foldcp.ops._blocks import (
     mesh_sizes,
     rank_label,
     require_shard_tensor,
-    wrap,
 )
-from physicsnemo_foldcp.ops._dispatch import register_own
+from physicsnemo_foldcp.ops.compat import global_shape, sharding_shapes
+from physicsnemo_foldcp.ops.dispatch import register_own
 from physicsnemo_foldcp.ops.single_pair import pair_from_singles
-from physicsnemo_foldcp.ops.tags import global_shape
+from physicsnemo_foldcp.ops.tensor import wrap
 
 DEFAULT_EPS = 1e-6
 """Added to the mask total of :func:`masked_mean`."""
@@ -205,7 +205,7 @@ def _masked_mean_handler(func, types, args, kwargs):
     for k, p in enumerate(x.placements):
         if isinstance(p, Shard) and p.dim not in dims:
             placements.append(Shard(out_dim(p.dim)))
-            shapes[k] = [out_shape(s) for s in x._spec._sharding_shapes[k]]
+            shapes[k] = [out_shape(s) for s in sharding_shapes(x)[k]]
         else:
             placements.append(Replicate())
     return wrap(out_local, mesh, placements, shapes)

@@ -19,7 +19,8 @@ ops, ``maximum``, ``minimum``, ``pow``) between a rows view and a columns view r
 pair tile through the same machinery, e.g. ``z = f(s)[:, :, None] + g(s)[:, None, :]`` and
 ``m[:, :, None] * m[:, None, :]``. ``torch.cdist(x1, x2)`` of two row-sharded ``[B, L, D]``
 singles returns the tile as well (with the algorithm torch would pick for the full
-matrix). Any other use of a view, or of these callables, keeps PhysicsNeMo's default.
+matrix). Any other use of a view, or of these callables, is an ordinary op on a FoldTensor
+(:mod:`physicsnemo_foldcp.ops.rules`).
 """
 
 from __future__ import annotations
@@ -48,17 +49,11 @@ from physicsnemo_foldcp.ops._blocks import (
     require_shard_tensor,
     row_dim,
     tile_shapes,
-    wrap,
 )
-from physicsnemo_foldcp.ops._dispatch import register_chained, register_own
-from physicsnemo_foldcp.ops.tags import (
-    ViewTag,
-    global_shape,
-    register_rule,
-    tag_of,
-    tagged,
-    view_tag,
-)
+from physicsnemo_foldcp.ops.compat import global_shape, local_tensor, sharding_shapes
+from physicsnemo_foldcp.ops.dispatch import register_own
+from physicsnemo_foldcp.ops.tags import ViewTag
+from physicsnemo_foldcp.ops.tensor import tag_of, view_tag, wrap
 
 RELPOS_KEYS = ("residue_index", "token_index", "asym_id", "entity_id", "sym_id")
 """Order of the token features of :func:`relative_position_encoding`."""
@@ -293,8 +288,8 @@ def _relpos_handler(func, types, args, kwargs):
                 f"{op}: {name} is not co-sharded with residue_index: {describe(t)} vs "
                 f"{describe(first)}"
             )
-    stacked_local = torch.stack([t._local_tensor.long() for t in singles], dim=-1)
-    shapes = {ROWS: [tuple(s) + (len(ids),) for s in first._spec._sharding_shapes[ROWS]]}
+    stacked_local = torch.stack([local_tensor(t).long() for t in singles], dim=-1)
+    shapes = {ROWS: [tuple(s) + (len(ids),) for s in sharding_shapes(first)[ROWS]]}
     stacked = wrap(stacked_local, first.device_mesh, first.placements, shapes)
 
     def features(rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -365,7 +360,8 @@ def _distributed_cdist(
     return pair_from_singles(x1, x2, distances, op, "x1", "x2")
 
 
-def _cdist_handler(func, types, args, kwargs):
+def cdist_rule(func: Callable, args: tuple, kwargs: dict):
+    """``torch.cdist(x1, x2)`` of two row-sharded ``[B, L, D]`` singles: the pair tile."""
     names = ("x1", "x2", "p", "compute_mode")
     bound = dict(zip(names, args))
     bound.update(kwargs)
@@ -382,7 +378,7 @@ def _cdist_handler(func, types, args, kwargs):
 def _is_plain_row_single(x: Any) -> bool:
     if not isinstance(x, ShardTensor) or tag_of(x) is not None or x.device_mesh.ndim != 2:
         return False
-    if x._spec._sharding_shapes is None:
+    if sharding_shapes(x) is None:
         return False
     rows, columns = x.placements
     return (
@@ -443,29 +439,31 @@ def broadcast_view(x: ShardTensor, kind: str) -> ShardTensor:
         out.insert(new_axis, 1)
         return tuple(out)
 
-    shapes = {ROWS: [grown(s) for s in x._spec._sharding_shapes[ROWS]]}
-    out = wrap(local, x.device_mesh, (Shard(sharded), Replicate()), shapes)
-    return tagged(out, ViewTag(kind=kind, token_dim=token))
+    shapes = {ROWS: [grown(s) for s in sharding_shapes(x)[ROWS]]}
+    tag = ViewTag(kind=kind, token_dim=token)
+    return wrap(local, x.device_mesh, (Shard(sharded), Replicate()), shapes, tag)
 
 
-def _getitem_handler(func, types, args, kwargs):
+def getitem_view_rule(func: Callable, args: tuple, kwargs: dict):
+    """``s[:, :, None]`` / ``s[:, None]`` of a row-sharded single: a broadcast view."""
     if len(args) != 2 or kwargs:
         return NotImplemented
     x, key = args
     if not isinstance(x, ShardTensor) or tag_of(x) is not None or x.device_mesh.ndim != 2:
         return NotImplemented
-    if x._spec._sharding_shapes is None:
+    if sharding_shapes(x) is None:
         return NotImplemented
     kind = _view_kind(x, key)
     return broadcast_view(x, kind) if kind else NotImplemented
 
 
-def _unsqueeze_handler(func, types, args, kwargs):
+def unsqueeze_view_rule(func: Callable, args: tuple, kwargs: dict):
+    """``s.unsqueeze(t + 1)`` / ``s.unsqueeze(t)`` of a row-sharded single: a broadcast view."""
     x = args[0] if args else kwargs.get("input")
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     if not isinstance(x, ShardTensor) or tag_of(x) is not None or x.device_mesh.ndim != 2:
         return NotImplemented
-    if not isinstance(dim, int) or x._spec._sharding_shapes is None:
+    if not isinstance(dim, int) or sharding_shapes(x) is None:
         return NotImplemented
     rows, columns = x.placements
     if not isinstance(rows, Shard) or not isinstance(columns, Replicate):
@@ -478,7 +476,8 @@ def _unsqueeze_handler(func, types, args, kwargs):
     return NotImplemented
 
 
-def _view_pair_rule(func: Callable, args: tuple, kwargs: dict):
+def view_pair_rule(func: Callable, args: tuple, kwargs: dict):
+    """An elementwise op of a rows view and a columns view: the pair tile."""
     if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
         return NotImplemented
     positions = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
@@ -517,7 +516,7 @@ def _view_single(view: ShardTensor, unit_axis: int) -> ShardTensor:
     def shrunk(shape: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(s for d, s in enumerate(shape) if d != unit_axis)
 
-    shapes = {ROWS: [shrunk(s) for s in view._spec._sharding_shapes[ROWS]]}
+    shapes = {ROWS: [shrunk(s) for s in sharding_shapes(view)[ROWS]]}
     return wrap(local, view.device_mesh, (Shard(sharded), Replicate()), shapes)
 
 
@@ -577,17 +576,15 @@ VIEW_PAIR_FUNCS: tuple[Callable, ...] = tuple(
 register_own(outer_sum, _outer_sum_handler)
 register_own(relative_position_encoding, _relpos_handler)
 register_own(pair_distances, _pair_distances_handler)
-register_chained((torch.Tensor.__getitem__,), _getitem_handler, "foldcp.single_pair.view")
-register_chained(
-    (torch.unsqueeze, torch.Tensor.unsqueeze), _unsqueeze_handler, "foldcp.single_pair.unsqueeze"
-)
-register_chained((torch.cdist,), _cdist_handler, "foldcp.single_pair.cdist")
-register_rule(VIEW_PAIR_FUNCS, _view_pair_rule)
 
 __all__ = [
     "RELPOS_KEYS",
     "VIEW_PAIR_FUNCS",
     "broadcast_view",
+    "cdist_rule",
+    "getitem_view_rule",
+    "unsqueeze_view_rule",
+    "view_pair_rule",
     "outer_sum",
     "pair_distances",
     "pair_from_singles",

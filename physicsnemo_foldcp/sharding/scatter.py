@@ -39,6 +39,7 @@ from physicsnemo_foldcp.distributed.errors import ErrorPayload
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, TOKENS
+from physicsnemo_foldcp.ops.tensor import fold, wrap
 from physicsnemo_foldcp.sharding.layout import (
     FeatureMeta,
     PreparedSample,
@@ -275,7 +276,7 @@ def _scatter_tensor_transfer(
         if not mesh.is_domain_source:
             stats.bytes_received += _nbytes(prefix + f.padded_shape, f.dtype)
             stats.messages_received += 1
-        out[f.name] = st.to_local() if spec.mode == PASSTHROUGH else st
+        out[f.name] = st.to_local() if spec.mode == PASSTHROUGH else fold(st)
     return out
 
 
@@ -399,13 +400,11 @@ def scatter_features(
             if spec.mode == PASSTHROUGH:
                 out[f.name] = block
                 continue
-            out[f.name] = ShardTensor.from_local(
+            out[f.name] = wrap(
                 block,
                 mesh.domain_mesh,
                 spec.batched_placements(meta.batched),
-                sharding_shapes=sharding_shapes(
-                    spec, f.padded_shape, meta.plan, coord, meta.batched
-                ),
+                sharding_shapes(spec, f.padded_shape, meta.plan, coord, meta.batched),
             )
     for f in meta.features:
         value = out[f.name]

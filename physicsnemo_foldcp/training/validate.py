@@ -4,10 +4,11 @@
 serially on plain tensors (the ground truth) and distributed on the scattered ShardTensors.
 It compares the loss, every named module's output (in call order), the model's outputs and
 every parameter gradient, and lists the collectives of the distributed forward and
-backward. Ops that reached PhysicsNeMo's generic DTensor fallback and communicated there
-are reported with the module that called them; an all-gather among them is *unexpected*:
-the fallback replicated a sharded operand (correct, but it is the memory CP exists to
-save, and with uneven shards it may also be wrong). TF32 is pinned off during the
+backward. Every op that fell back to gathering a sharded operand is reported with the op
+and the module that called it, whichever path it took: the plugin's dispatch (an op that
+reads along a sharded axis, or one without a rule) or PhysicsNeMo's generic DTensor
+fallback (a ShardTensor the plugin did not make). Such an all-gather is *unexpected*:
+correct, but it is the memory CP exists to save. TF32 is pinned off during the
 comparison.
 """
 
@@ -21,7 +22,6 @@ from typing import Any
 
 import torch
 from physicsnemo.domain_parallel import ShardTensor
-from physicsnemo.domain_parallel import shard_tensor as _shard_tensor_module
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
@@ -30,7 +30,7 @@ from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.models.reference import reference_loss
-from physicsnemo_foldcp.ops import tag_maps
+from physicsnemo_foldcp.ops import compat, events
 from physicsnemo_foldcp.sharding.scatter import scatter_features
 
 _warned_tf32 = False
@@ -279,15 +279,30 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def _fallback_tracing(
     comm: dict[str, CommDebugMode | None], recorder: _Recorder, found: list[FallbackCollective]
 ) -> Iterator[None]:
-    """Record the collectives issued inside PhysicsNeMo's two generic fallbacks."""
-    names = ("_torch_function_fallback_via_dtensor", "_dispatch_fallback_via_dtensor")
-    originals = {n: getattr(_shard_tensor_module, n) for n in names}
+    """Record every op that fell back to gathering, whichever path reached it.
+
+    The plugin's own dispatch reports its gathers (:mod:`physicsnemo_foldcp.ops.events`);
+    PhysicsNeMo's generic DTensor fallbacks (reached by ShardTensors the plugin did not
+    make) are wrapped for the length of the call and their collectives counted.
+    """
     depth = [0]
 
-    def traced(original):
+    def where() -> tuple[str, str]:
+        phase = comm["phase"] or "forward"
+        return (recorder.stack[-1] if recorder.stack else "<backward>"), phase
+
+    def on_gather(event: events.GatherEvent) -> None:
+        if comm["active"] is None or event.kind != events.FALLBACK:
+            return
+        module, phase = where()
+        found.append(FallbackCollective(event.op, module, phase, {"all_gather": 1}))
+
+    def traced(original, name):
         def run(func, args, kwargs=None):
             mode = comm["active"]
-            if mode is None or depth[0]:
+            # Tensor.backward on a ShardTensor takes the fallback too: it is the whole
+            # backward pass, not an op.
+            if mode is None or depth[0] or func is torch.Tensor.backward:
                 return original(func, args, kwargs)
             before = _counts(mode)
             depth[0] += 1
@@ -298,20 +313,13 @@ def _fallback_tracing(
                 after = _counts(mode)
                 diff = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
                 if diff:
-                    phase = comm["phase"] or "forward"
-                    module = recorder.stack[-1] if recorder.stack else "<backward>"
-                    op = getattr(func, "__qualname__", None) or str(func)
-                    found.append(FallbackCollective(str(op), module, phase, diff))
+                    module, phase = where()
+                    found.append(FallbackCollective(events.op_name(func), module, phase, diff))
 
         return run
 
-    for n in names:
-        setattr(_shard_tensor_module, n, traced(originals[n]))
-    try:
+    with compat.observed_upstream_fallbacks(traced), events.observe(on_gather):
         yield
-    finally:
-        for n, fn in originals.items():
-            setattr(_shard_tensor_module, n, fn)
 
 
 def _max_diff(actual: torch.Tensor, expected: torch.Tensor) -> float | None:
@@ -398,7 +406,6 @@ def validate_model(
             registry=registry,
             **dict(scatter_options or {}),
         )
-        tag_maps(features)
         with _fallback_tracing(comm, recorder, fallbacks), warnings.catch_warnings():
             # CommDebugMode's module tracker adds full backward hooks to every module;
             # torch warns that a module returning a dict (the model) gets none.

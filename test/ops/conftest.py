@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 import torch.distributed as dist
-from physicsnemo.domain_parallel import ShardTensor
 
 from physicsnemo_foldcp import scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureSpec
-from physicsnemo_foldcp.ops import tag_maps
+from physicsnemo_foldcp.ops import compat, tag_maps, wrap
 from physicsnemo_foldcp.sharding.layout import local_block, sharding_shapes
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 
@@ -85,15 +84,10 @@ class Case:
         leaf = self._batch(local_block(spec, padded, self.plan, coord).clone())
         leaf = leaf.to(self.device).requires_grad_(requires_grad)
         shapes = sharding_shapes(spec, tuple(padded.shape), self.plan, coord, self.batched)
-        st = ShardTensor.from_local(
-            leaf,
-            self.mesh.domain_mesh,
-            spec.batched_placements(self.batched),
-            sharding_shapes=shapes,
-        )
+        st = wrap(leaf, self.mesh.domain_mesh, spec.batched_placements(self.batched), shapes)
         return st, leaf
 
-    def unpadded(self, st: ShardTensor, axes) -> torch.Tensor:
+    def unpadded(self, st, axes) -> torch.Tensor:
         """``full_tensor()`` back in the serial layout, on the CPU (collective)."""
         full = st.full_tensor().detach().cpu()
         return self._batch(self.plan.from_padded(self._unbatch(full), axes))
@@ -127,13 +121,11 @@ def _index_features(sharded: ShardedFeatures) -> ShardedFeatures:
         setattr(out, attr, getattr(sharded, attr))
     for name in MAPS:
         dense = sharded[name]
-        local = dense._local_tensor
+        local = compat.local_tensor(dense)
         has = (local != 0).any(-1)
         index = torch.where(has, (local != 0).to(torch.int8).argmax(-1), -1).to(torch.int64)
-        shapes = {0: [tuple(s[:-1]) for s in dense._spec._sharding_shapes[0]]}
-        out[name] = ShardTensor.from_local(
-            index, dense.device_mesh, dense.placements, sharding_shapes=shapes
-        )
+        shapes = {0: [tuple(s[:-1]) for s in compat.sharding_shapes(dense)[0]]}
+        out[name] = wrap(index, dense.device_mesh, dense.placements, shapes)
     return tag_maps(out)
 
 

@@ -323,3 +323,61 @@ def _padded_index(case):
     padded = torch.full((1, case.plan.padded_length("atoms")), -1, dtype=torch.int64)
     padded[:, case.plan.positions("atoms")] = index
     return padded
+
+
+DERIVED_VIEWS = {
+    "float().unsqueeze(0)": lambda m: m.float().unsqueeze(0),
+    "to(float32)[None]": lambda m: m.to(torch.float32)[None],
+    "float()[None, ...]": lambda m: m.float()[None, ...],
+}
+
+
+@pytest.mark.parametrize("fold_mesh", MESHES, indirect=True, ids=lambda s: mesh_id(map(str, s)))
+@pytest.mark.parametrize("view", list(DERIVED_VIEWS))
+def test_derived_views_of_unbatched_maps_stay_local(fold_mesh, ops_case, view, p2p_counter):
+    """Boltz's forms on a view of an unbatched scattered map: exact, 0 collectives both ways.
+
+    ``bmm(view, s)``, the normalised mean ``bmm((w / (w.sum(1, keepdim=True) + eps))
+    .transpose(-1, -2), q)`` and its ``.mT`` spelling, on ``w`` = the view of
+    ``atom_to_token`` ``[A, N]`` as scattered without a batch axis.
+    """
+    case = ops_case(fold_mesh, batched=False)
+    derive = DERIVED_VIEWS[view]
+    a2t = case.sharded["atom_to_token"]
+    s_serial = case.randn(case.n_tokens, 5)
+    q_serial = case.randn(case.n_atoms, 4)
+    s, s_leaf = case.shard(s_serial, ("tokens", None), requires_grad=True)
+    q, q_leaf = case.shard(q_serial, ("atoms", None), requires_grad=True)
+    with CommDebugMode() as forward, p2p_counter() as p2p:
+        w = derive(a2t)
+        normalised = w / (w.sum(1, keepdim=True) + 1e-6)
+        outs = {
+            "bmm": torch.bmm(w, s.unsqueeze(0)),
+            "mean.transpose": torch.bmm(normalised.transpose(-1, -2), q.unsqueeze(0)),
+            "mean.mT": torch.bmm(normalised.mT, q.unsqueeze(0)),
+        }
+        loss_local = sum((o.to_local() ** 2).sum() for o in outs.values())
+    with CommDebugMode() as backward, p2p_counter() as p2p_back:
+        loss_local.backward()
+    serial_w = derive(case.serial["atom_to_token"])
+    serial_s, serial_q = s_serial.requires_grad_(True), q_serial.requires_grad_(True)
+    serial_norm = serial_w / (serial_w.sum(1, keepdim=True) + 1e-6)
+    expected = {
+        "bmm": torch.bmm(serial_w, serial_s.unsqueeze(0)),
+        "mean.transpose": torch.bmm(serial_norm.transpose(-1, -2), serial_q.unsqueeze(0)),
+        "mean.mT": torch.bmm(serial_norm.mT, serial_q.unsqueeze(0)),
+    }
+    problems = [] if map_tag(w) is not None else [f"{view}: the view lost its map tag"]
+    for name, out in outs.items():
+        axes = ("atoms", None) if name == "bmm" else ("tokens", None)
+        if not torch.allclose(case.expected_local(expected[name][0], axes), out.to_local()[0]):
+            problems.append(f"{view} {name}: local block differs from serial")
+    sum((e**2).sum() for e in expected.values()).backward()
+    leaves = (("s", s_leaf, serial_s, "tokens"), ("q", q_leaf, serial_q, "atoms"))
+    for label, leaf, serial, axis in leaves:
+        if not torch.allclose(leaf.grad, case.expected_local(serial.grad, (axis, None)), atol=1e-5):
+            problems.append(f"{view}: gradient of {label} differs")
+    counts = (sum(forward.get_comm_counts().values()), sum(backward.get_comm_counts().values()))
+    if counts != (0, 0) or p2p["calls"] or p2p_back["calls"]:
+        problems.append(f"{view}: collectives {counts}, p2p {p2p['calls']} + {p2p_back['calls']}")
+    collective_assert(not problems, "; ".join(problems))

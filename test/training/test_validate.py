@@ -148,3 +148,46 @@ def test_a_fallback_all_gather_is_reported(fold_mesh):
     elif not any(f.module == "cumulative" and "cumsum" in f.op for f in found):
         problems.append(f"reported {[(f.op, f.module) for f in found]}")
     collective_assert(not problems, "; ".join(problems) + "\n" + report.format())
+
+
+class GenericFallbacks(nn.Module):
+    """A matmul, an einsum and an indexing that read along the sharded token axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = nn.Linear(33, 4)
+        self.columns = nn.Linear(33, 4)
+        self.values = nn.Linear(33, 3)
+
+    def forward(self, **feats):
+        x = feats["res_type"].float()
+        pair = (self.rows(x)[:, :, None] * self.columns(x)[:, None, :]).sum(-1)  # the tile
+        v = self.values(x)
+        picked = torch.tensor([0, 3, 5, 8])
+        return {
+            "matmul": torch.matmul(pair, v),
+            "einsum": torch.einsum("bij,bjc->bic", pair, v),
+            "index": v[:, picked],
+        }
+
+
+def generic_loss(outputs, feats):
+    return sum(out.pow(2).mean() for out in outputs.values())
+
+
+@pytest.mark.multigpu_static
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 3, 3)], indirect=True, ids=mesh_id)
+def test_matmul_einsum_and_index_fallbacks_are_reported_by_name(fold_mesh):
+    sample = batched(make_complex(13, seed=7, msa_rows=2))
+    torch.manual_seed(0)
+    report = validate_model(GenericFallbacks(), sample, fold_mesh, loss_fn=generic_loss)
+    ops = {f.op for f in report.unexpected_all_gathers}
+    problems = []
+    if not (report.loss_ok and report.outputs_ok) or report.bad_gradients:
+        problems.append("the gathered results should equal serial")
+    for name in ("Tensor.matmul", "torch.einsum", "Tensor.__getitem__"):
+        if not any(op.endswith(name.split(".")[-1]) for op in ops):
+            problems.append(f"{name} not reported (reported: {sorted(ops)})")
+    if report.ok:
+        problems.append("a model that gathers must not validate as ok")
+    collective_assert(not problems, "; ".join(problems) + "\n" + report.format())

@@ -1,0 +1,225 @@
+"""Every private name of PhysicsNeMo and torch.distributed this package uses, in one place.
+
+Each accessor below reads one private upstream name and states the upstream function and
+the behaviour relied on; ``test/ops/test_compat.py`` has a test per name that fails when
+upstream changes it. No other module of the package reads an underscore name of
+``physicsnemo`` or ``torch.distributed`` (``test/test_private_names.py`` scans the source).
+The versions these names were read from are pinned in :mod:`physicsnemo_foldcp.versions`.
+
+Upstream names are looked up when called, never bound at import, so a wrapper someone
+installs on them later (``validate_model`` does, for the length of one call) is seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed._functional_collectives as _funcol
+from physicsnemo.domain_parallel import ShardTensor
+from physicsnemo.domain_parallel import shard_tensor as _shard_tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+# -- ShardTensor / DTensor internals --------------------------------------------------------
+
+
+def local_tensor(x: ShardTensor | DTensor) -> torch.Tensor:
+    """The local block, not differentiable and without dispatch.
+
+    Upstream: ``ShardTensor._local_tensor`` / ``DTensor._local_tensor``, the attribute
+    ``to_local()`` returns (through an autograd function). Relied on: it is this rank's
+    block of the global tensor, of the local shape the spec records.
+    """
+    return x._local_tensor
+
+
+def sharding_shapes(x: ShardTensor) -> dict[int, tuple[tuple[int, ...], ...]] | None:
+    """``{mesh_dim: (local shape of rank r along mesh_dim, ...)}``, or ``None`` if unknown.
+
+    Upstream: ``ShardTensorSpec._sharding_shapes``, the dict passed to
+    ``ShardTensor.from_local(sharding_shapes=...)`` (``None`` until inferred). Relied on:
+    it holds an entry per sharded mesh dim and is read without communication (the public
+    ``spec.sharding_shapes()`` all-gathers when it is ``None``).
+    """
+    return x._spec._sharding_shapes
+
+
+def global_shape(x: ShardTensor | DTensor) -> tuple[int, ...]:
+    """Global shape, read from the spec without dispatch.
+
+    Upstream: ``DTensorSpec.tensor_meta.shape`` behind ``x._spec``. Relied on: it is the
+    global (padded-layout) shape; ``x.shape`` gives the same but goes through
+    ``__torch_function__``.
+    """
+    return tuple(int(s) for s in x._spec.tensor_meta.shape)
+
+
+def registered_function_handler(func: Callable) -> Callable | None:
+    """The handler PhysicsNeMo has registered for ``func``, or ``None``.
+
+    Upstream: ``ShardTensor._function_registry``, filled by
+    ``ShardTensor.register_function_handler``. Relied on: it maps the exact callable to
+    ``handler(func, types, args, kwargs)``; read at call time.
+    """
+    return ShardTensor._function_registry.get(func)
+
+
+@contextlib.contextmanager
+def function_handlers_removed(funcs: tuple[Callable, ...]) -> Iterator[None]:
+    """Take the handlers of ``funcs`` out of PhysicsNeMo's registry for a while.
+
+    Upstream: ``ShardTensor._function_registry`` (see :func:`registered_function_handler`).
+    Relied on: a callable without an entry takes ShardTensor's generic path. The entries
+    are put back on exit. Used to measure PhysicsNeMo without this package.
+    """
+    registry = ShardTensor._function_registry
+    saved = {f: registry[f] for f in funcs if f in registry}
+    try:
+        for f in saved:
+            del registry[f]
+        yield
+    finally:
+        registry.update(saved)
+
+
+def torch_function_fallback(func: Callable, args: tuple, kwargs: dict | None) -> Any:
+    """Run ``func`` through PhysicsNeMo's generic DTensor fallback, as it is at call time.
+
+    Upstream: ``physicsnemo.domain_parallel.shard_tensor._torch_function_fallback_via_dtensor``
+    (what ``ShardTensor.__torch_function__`` calls for a function without a handler).
+    Relied on: signature ``(func, args, kwargs)``; converts ShardTensors to DTensors, runs
+    ``func``, converts results back.
+    """
+    return _shard_tensor._torch_function_fallback_via_dtensor(func, args, kwargs)
+
+
+UPSTREAM_FALLBACKS = ("_torch_function_fallback_via_dtensor", "_dispatch_fallback_via_dtensor")
+"""The two generic fallbacks of ``physicsnemo.domain_parallel.shard_tensor``
+(``__torch_function__`` and ``__torch_dispatch__`` level), each ``(func, args, kwargs)``."""
+
+
+@contextlib.contextmanager
+def observed_upstream_fallbacks(
+    wrap: Callable[[Callable, str], Callable],
+) -> Iterator[None]:
+    """Replace PhysicsNeMo's two generic fallbacks by ``wrap(original, name)`` for a while.
+
+    Upstream: the module attributes named in :data:`UPSTREAM_FALLBACKS`, which
+    ``ShardTensor.__torch_function__`` / ``__torch_dispatch__`` look up at call time.
+    Relied on: both are module-level functions ``(func, args, kwargs)`` read through the
+    module on every call. The originals are restored on exit.
+    """
+    originals = {name: getattr(_shard_tensor, name) for name in UPSTREAM_FALLBACKS}
+    try:
+        for name, original in originals.items():
+            setattr(_shard_tensor, name, wrap(original, name))
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(_shard_tensor, name, original)
+
+
+def conversion_active() -> bool:
+    """Whether PhysicsNeMo is converting ShardTensors to or from DTensors right now.
+
+    Upstream: ``shard_tensor._conversion_active``. Relied on: ``True`` inside the
+    fallback's and the promotion's conversion scopes, where ``ShardTensor.__torch_function__``
+    runs functions plainly; a subclass must then do the same.
+    """
+    return bool(_shard_tensor._conversion_active())
+
+
+@contextlib.contextmanager
+def conversion_scope() -> Iterator[None]:
+    """PhysicsNeMo's conversion scope (functions on ShardTensors run plainly inside it).
+
+    Upstream: ``shard_tensor._conversion_scope``, the re-entrant guard
+    :func:`conversion_active` reads.
+    """
+    with _shard_tensor._conversion_scope():
+        yield
+
+
+def is_tracing(args: object, kwargs: object = None) -> bool:
+    """Whether a fake tensor is among ``args`` / ``kwargs`` (a ``torch.compile`` trace).
+
+    Upstream: ``shard_tensor._is_tracing(args, kwargs)`` (PhysicsNeMo 2.2.2); where it is
+    missing, the same test through ``torch._subclasses.fake_tensor.is_fake``. Relied on:
+    ``True`` exactly when an operand is a ``FakeTensor``.
+    """
+    upstream = getattr(_shard_tensor, "_is_tracing", None)
+    if upstream is not None:
+        return bool(upstream(args, kwargs))
+    from torch._subclasses.fake_tensor import is_fake
+
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    return any(isinstance(leaf, torch.Tensor) and is_fake(leaf) for leaf in leaves)
+
+
+def plain_function_call(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Call ``func`` with torch-function subclass dispatch disabled (subclasses run plainly).
+
+    Upstream: ``torch._C.DisableTorchFunctionSubclass``, the guard ShardTensor itself uses.
+    """
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+# -- functional collectives (counted by CommDebugMode) --------------------------------------
+
+_all_gather = getattr(_funcol, "all_gather_single", None) or _funcol.all_gather_tensor
+_reduce_scatter = getattr(_funcol, "reduce_scatter_single", None) or _funcol.reduce_scatter_tensor
+
+
+def _waited(t: torch.Tensor) -> torch.Tensor:
+    if isinstance(t, _funcol.AsyncCollectiveTensor):
+        return t.wait()
+    return t
+
+
+def all_gather(t: torch.Tensor, dim: int, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
+    """Concatenate equal-shaped ``t`` of the ranks along ``mesh_dim`` on ``dim``, waited.
+
+    Upstream: ``torch.distributed._functional_collectives.all_gather_tensor`` (or
+    ``all_gather_single``) on the ``(mesh, mesh_dim)`` group. Relied on: CommDebugMode
+    counts it; the result is a plain tensor after ``wait``.
+    """
+    return _waited(_all_gather(t.contiguous(), dim, (mesh, mesh_dim)))
+
+
+def reduce_scatter(t: torch.Tensor, dim: int, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
+    """Sum ``t`` over the ranks along ``mesh_dim``; rank ``r`` keeps slice ``r`` of ``dim``.
+
+    Upstream: ``_functional_collectives.reduce_scatter_tensor`` (``"sum"``), waited.
+    """
+    return _waited(_reduce_scatter(t.contiguous(), "sum", dim, (mesh, mesh_dim)))
+
+
+def all_reduce(t: torch.Tensor, op: str, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
+    """Reduce ``t`` (``"sum"``, ``"max"``, ...) over the ranks along ``mesh_dim``, waited.
+
+    Upstream: ``_functional_collectives.all_reduce``.
+    """
+    return _waited(_funcol.all_reduce(t.contiguous(), op, (mesh, mesh_dim)))
+
+
+__all__ = [
+    "UPSTREAM_FALLBACKS",
+    "all_gather",
+    "all_reduce",
+    "conversion_active",
+    "conversion_scope",
+    "function_handlers_removed",
+    "global_shape",
+    "is_tracing",
+    "local_tensor",
+    "observed_upstream_fallbacks",
+    "plain_function_call",
+    "reduce_scatter",
+    "registered_function_handler",
+    "sharding_shapes",
+    "torch_function_fallback",
+]

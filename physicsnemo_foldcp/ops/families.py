@@ -1,0 +1,593 @@
+"""Op families: how each generic torch function relates its operands' dims to its result's.
+
+Each function here reads one call's arguments and returns the
+:class:`~physicsnemo_foldcp.ops.blockwise.DimMap` that
+:func:`~physicsnemo_foldcp.ops.blockwise.run` needs to compute the call on local blocks
+(or ``NotImplemented`` when the call is not of the family's form, e.g. ``max(x, y)`` is
+elementwise while ``max(x, dim)`` reduces). The table of which function belongs to which
+family is :mod:`physicsnemo_foldcp.ops.rules`.
+
+Shapes are global; ``shapes[k]`` is the shape of the call's ``k``-th tensor (lists of
+tensors flattened, in call order).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from physicsnemo_foldcp.ops import blockwise
+from physicsnemo_foldcp.ops.blockwise import DimMap
+
+Handler = Callable[[Callable, tuple, dict], Any]
+
+
+def _arg(args: tuple, kwargs: dict, position: int, names: Sequence[str], default: Any) -> Any:
+    if len(args) > position:
+        return args[position]
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    return default
+
+
+def _shapes(args: tuple, kwargs: dict) -> list[tuple[int, ...]]:
+    return [blockwise.shape_of(t) for _, t in blockwise.tensor_leaves(args, kwargs)]
+
+
+def _name(func: Callable) -> str:
+    """The function's name; for a property's getter (``Tensor.mT``), the property's."""
+    owner = getattr(func, "__self__", None)
+    if type(func).__name__ == "method-wrapper" and owner is not None:
+        return str(getattr(owner, "__name__", ""))
+    return str(getattr(func, "__name__", ""))
+
+
+def _dims(dim: Any, ndim: int) -> tuple[int, ...] | None:
+    """Normalised dims of a ``dim`` argument; ``None`` for "all dims"."""
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+        return None
+    if isinstance(dim, (tuple, list)):
+        return tuple(sorted({int(d) % ndim for d in dim}))
+    if isinstance(dim, int):
+        return (int(dim) % max(ndim, 1),)
+    return None
+
+
+def _run(func: Callable, args: tuple, kwargs: dict, dims: DimMap, **extra: Any) -> Any:
+    return blockwise.run(func, args, kwargs, dims, **extra)
+
+
+# -- elementwise -----------------------------------------------------------------------------
+
+
+def elementwise(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Pointwise ops with broadcasting (arithmetic, activations, comparisons, casts, where)."""
+    if "out" in kwargs:
+        return NotImplemented
+    shapes = _shapes(args, kwargs)
+    out_ndim = max(len(s) for s in shapes)
+    lead = [out_ndim - len(s) for s in shapes]
+    return _run(func, args, kwargs, DimMap(lambda k, d: d + lead[k]))
+
+
+def binary_or_reduction(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``max`` / ``min``: elementwise with a tensor second operand, else a reduction."""
+    other = _arg(args, kwargs, 1, ("other",), None)
+    if isinstance(other, torch.Tensor):
+        return elementwise(func, args, kwargs)
+    return reduction(func, args, kwargs)
+
+
+# -- along dims ------------------------------------------------------------------------------
+
+SUM_LIKE = {"sum", "nansum", "mean"}
+
+
+def reduction(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Reductions over ``dim`` (sum, mean, amax, prod, all, argmax, std, max/min with dim).
+
+    A sum or mean over a sharded dim is computed locally and summed over the mesh dim
+    (ONE all-reduce; the result is replicated there, never ``Partial``).
+    """
+    if "out" in kwargs:
+        return NotImplemented
+    name = _name(func)
+    ndim = len(_shapes(args, kwargs)[0])
+    dim = _arg(args, kwargs, 1, ("dim", "axis"), None)
+    if isinstance(dim, torch.dtype):
+        dim = None
+    keepdim = bool(_arg(args, kwargs, 2, ("keepdim",), False))
+    dims = _dims(dim, ndim)
+    reduced = set(range(ndim)) if dims is None else set(dims)
+
+    def out_dim(k: int, d: int) -> int | None:
+        if k != 0 or d in reduced:
+            return None
+        return d if keepdim else d - sum(1 for r in reduced if r < d)
+
+    summed = (lambda k, d: "sum" if k == 0 and d in reduced else None) if name in SUM_LIKE else (
+        lambda k, d: None
+    )
+    extra: dict[str, Any] = {}
+    if name == "mean":
+        # The local sums are added over the mesh; divide by the global count afterwards.
+        count = blockwise.numel_of(_shapes(args, kwargs)[0], sorted(reduced))
+        extra = {
+            "local_func": lambda x, *a, **k: torch.sum(x, *a, **k),
+            "post": lambda r: r / count,
+        }
+    return _run(func, args, kwargs, DimMap(out_dim, summed), **extra)
+
+
+def along_dim(position: int, default: Any = None, names: Sequence[str] = ("dim",)) -> Handler:
+    """Ops that keep their input's shape and read along one ``dim`` (softmax, cumsum)."""
+
+    def handler(func: Callable, args: tuple, kwargs: dict) -> Any:
+        ndim = len(_shapes(args, kwargs)[0])
+        dim = _arg(args, kwargs, position, names, default)
+        if not isinstance(dim, int):
+            return NotImplemented
+        touched = dim % ndim if ndim else 0
+
+        def out_dim(k: int, d: int) -> int | None:
+            return d if k == 0 and d != touched else None
+
+        return _run(func, args, kwargs, DimMap(out_dim, same_shape=True))
+
+    return handler
+
+
+def layer_norm(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``F.layer_norm`` / ``F.rms_norm``: reads along the last ``len(normalized_shape)`` dims."""
+    shapes = _shapes(args, kwargs)
+    ndim = len(shapes[0])
+    normalized = _arg(args, kwargs, 1, ("normalized_shape",), None)
+    k_dims = len(normalized) if isinstance(normalized, (tuple, list, torch.Size)) else 1
+    first = ndim - k_dims
+
+    def out_dim(k: int, d: int) -> int | None:
+        if k == 0:
+            return d if d < first else None
+        return None
+
+    return _run(func, args, kwargs, DimMap(out_dim, same_shape=True))
+
+
+def linear(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``F.linear(x, W, b)``: reads along ``x``'s last dim; ``W`` and ``b`` broadcast."""
+    shapes = _shapes(args, kwargs)
+    last = len(shapes[0]) - 1
+
+    def out_dim(k: int, d: int) -> int | None:
+        if k == 0:
+            return d if d < last else None
+        if k == 2:
+            return last
+        return None
+
+    return _run(func, args, kwargs, DimMap(out_dim))
+
+
+# -- contractions ----------------------------------------------------------------------------
+
+_LETTERS = re.compile(r"[a-zA-Z]|\.\.\.")
+
+
+def _parse_equation(equation: str, ndims: Sequence[int]) -> tuple[list[list[str]], list[str]]:
+    """Labels of every operand dim and of the result, ``...`` expanded (``#i`` labels)."""
+    equation = equation.replace(" ", "")
+    if "->" in equation:
+        inputs, output = equation.split("->")
+    else:
+        inputs, output = equation, None
+    terms = inputs.split(",")
+    if len(terms) != len(ndims):
+        raise ValueError(f"einsum: {len(terms)} operand terms for {len(ndims)} operands")
+    parsed = [_LETTERS.findall(t) for t in terms]
+    ellipsis = max(
+        (n - (len(p) - 1) for p, n in zip(parsed, ndims) if "..." in p), default=0
+    )
+    labels = []
+    for p, n in zip(parsed, ndims):
+        if "..." in p:
+            width = n - (len(p) - 1)
+            at = p.index("...")
+            filler = [f"#{ellipsis - width + i}" for i in range(width)]
+            p = p[:at] + filler + p[at + 1 :]
+        labels.append(p)
+    if output is None:
+        counts: dict[str, int] = {}
+        for p in labels:
+            for label in p:
+                counts[label] = counts.get(label, 0) + 1
+        dots = [f"#{i}" for i in range(ellipsis)]
+        out = dots + sorted(x for x, c in counts.items() if c == 1 and not x.startswith("#"))
+    else:
+        found = _LETTERS.findall(output)
+        out = []
+        for label in found:
+            out += [f"#{i}" for i in range(ellipsis)] if label == "..." else [label]
+    return labels, out
+
+
+def _contraction_map(labels: list[list[str]], out: list[str]) -> DimMap:
+    position = {label: i for i, label in enumerate(out)}
+
+    def out_dim(k: int, d: int) -> int | None:
+        return position.get(labels[k][d])
+
+    def summed(k: int, d: int) -> str | None:
+        label = labels[k][d]
+        return None if label in position else label
+
+    return DimMap(out_dim, summed)
+
+
+def einsum(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``torch.einsum(equation, *operands)``: kept indices local, contracted ones summed."""
+    if kwargs or not args or not isinstance(args[0], str):
+        return NotImplemented
+    ndims = [len(s) for s in _shapes(args, kwargs)]
+    try:
+        labels, out = _parse_equation(args[0], ndims)
+    except ValueError:
+        return NotImplemented
+    return _run(func, args, kwargs, _contraction_map(labels, out))
+
+
+def matmul(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``matmul`` / ``bmm`` / ``mm`` / ``@`` as the einsum of the operands' ranks."""
+    if kwargs or len(args) != 2:
+        return NotImplemented
+    a, b = (len(s) for s in _shapes(args, kwargs))
+    swapped = _name(func) == "__rmatmul__"  # args are (b, a)
+    if swapped:
+        a, b = b, a
+    if a == 0 or b == 0:
+        return NotImplemented
+    if a == 1 and b == 1:
+        equation = "k,k->"
+    elif a == 1:
+        equation = "k,...kn->...n"
+    elif b == 1:
+        equation = "...mk,k->...m"
+    else:
+        equation = "...mk,...kn->...mn"
+    labels, out = _parse_equation(equation, [a, b])
+    if swapped:
+        labels = labels[::-1]
+    return _run(func, args, kwargs, _contraction_map(labels, out))
+
+
+# -- moving dims -----------------------------------------------------------------------------
+
+
+def _permutation(func: Callable, args: tuple, kwargs: dict, ndim: int) -> list[int] | None:
+    """``order`` with ``result.dim(i) = input.dim(order[i])``, or ``None``."""
+    name = _name(func)
+    if name in ("mT", "mH") or name in ("adjoint",):
+        order = list(range(ndim))
+        order[-2], order[-1] = order[-1], order[-2]
+        return order
+    if name in ("t", "T", "H"):
+        return list(reversed(range(ndim))) if ndim <= 2 else None
+    if name == "permute":
+        rest = args[1:] if len(args) > 2 else (args[1] if len(args) > 1 else kwargs.get("dims"))
+        return [int(d) % ndim for d in rest]
+    if name == "movedim" or name == "moveaxis":
+        src = _arg(args, kwargs, 1, ("source",), None)
+        dst = _arg(args, kwargs, 2, ("destination",), None)
+        src = [src] if isinstance(src, int) else list(src)
+        dst = [dst] if isinstance(dst, int) else list(dst)
+        src, dst = [s % ndim for s in src], [d % ndim for d in dst]
+        order: list[int | None] = [None] * ndim
+        for s, d in zip(src, dst):
+            order[d] = s
+        rest_dims = iter(d for d in range(ndim) if d not in src)
+        return [o if o is not None else next(rest_dims) for o in order]
+    d0 = _arg(args, kwargs, 1, ("dim0", "axis0"), None)
+    d1 = _arg(args, kwargs, 2, ("dim1", "axis1"), None)
+    if isinstance(d0, int) and isinstance(d1, int):
+        order = list(range(ndim))
+        order[d0 % ndim], order[d1 % ndim] = order[d1 % ndim], order[d0 % ndim]
+        return order
+    return None
+
+
+def permutation(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``transpose`` / ``permute`` / ``movedim`` / ``mT`` / ``t``: dims move, nothing is read."""
+    ndim = len(_shapes(args, kwargs)[0])
+    order = _permutation(func, args, kwargs, ndim)
+    if order is None or sorted(order) != list(range(ndim)):
+        return NotImplemented
+    where = {source: i for i, source in enumerate(order)}
+    return _run(func, args, kwargs, DimMap(lambda k, d: where[d] if k == 0 else None))
+
+
+def unsqueeze(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``unsqueeze(dim)``: a unit dim inserted, the others shift."""
+    ndim = len(_shapes(args, kwargs)[0])
+    dim = _arg(args, kwargs, 1, ("dim",), None)
+    if not isinstance(dim, int):
+        return NotImplemented
+    at = dim % (ndim + 1)
+
+    def out_dim(k: int, d: int) -> int | None:
+        return (d if d < at else d + 1) if k == 0 else None
+
+    return _run(func, args, kwargs, DimMap(out_dim))
+
+
+def squeeze(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``squeeze(dim)``: unit dims removed, the others shift."""
+    shape = _shapes(args, kwargs)[0]
+    dim = _arg(args, kwargs, 1, ("dim",), None)
+    dims = _dims(dim, len(shape))
+    candidates = range(len(shape)) if dims is None else dims
+    removed = {d for d in candidates if shape[d] == 1}
+
+    def out_dim(k: int, d: int) -> int | None:
+        if k != 0 or d in removed:
+            return None
+        return d - sum(1 for r in removed if r < d)
+
+    return _run(func, args, kwargs, DimMap(out_dim))
+
+
+# -- reshapes --------------------------------------------------------------------------------
+
+
+def _last_sharded_dim(x: Any) -> int:
+    placements = getattr(x, "placements", ())
+    dims = [p.dim for p in placements if p.is_shard()] if placements else []
+    return max(dims) if dims else -1
+
+
+def _resolve(sizes: Sequence[int], numel: int) -> list[int]:
+    sizes = [int(s) for s in sizes]
+    if -1 in sizes:
+        known = 1
+        for s in sizes:
+            if s != -1:
+                known *= s
+        sizes[sizes.index(-1)] = numel // known if known else 0
+    return sizes
+
+
+def _sizes_arg(args: tuple, kwargs: dict, position: int, name: str) -> list[int] | None:
+    rest = args[position:]
+    if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)):
+        rest = tuple(rest[0])
+    if not rest and name in kwargs:
+        rest = tuple(kwargs[name])
+    if not all(isinstance(s, int) for s in rest):
+        return None
+    return list(rest)
+
+
+def reshape(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``reshape`` / ``view`` / ``flatten`` / ``unflatten`` / ``view_as`` / ``reshape_as``.
+
+    Local when every dim up to the last sharded one keeps its length (the reshape acts on
+    trailing dims only); the target sizes of those dims are then taken locally.
+    """
+    x = args[0]
+    shape = _shapes(args, kwargs)[0]
+    name = _name(func)
+    numel = 1
+    for s in shape:
+        numel *= s
+    last = _last_sharded_dim(x)
+    leading = DimMap(lambda k, d: d if k == 0 and d <= last else None)
+    if name in ("view", "reshape"):
+        sizes = _sizes_arg(args, kwargs, 1, "shape")
+        if sizes is None:
+            return NotImplemented
+        target = _resolve(sizes, numel)
+    elif name in ("view_as", "reshape_as"):
+        other = _arg(args, kwargs, 1, ("other",), None)
+        same = torch.Tensor.view if name == "view_as" else torch.Tensor.reshape
+        return reshape(same, (x, *blockwise.shape_of(other)), {})
+    elif name == "flatten":
+        start = _arg(args, kwargs, 1, ("start_dim",), 0) % max(len(shape), 1)
+        return _run(func, args, kwargs, leading) if start > last else NotImplemented
+    elif name == "unflatten":
+        dim = _arg(args, kwargs, 1, ("dim",), None)
+        if not isinstance(dim, int) or dim % len(shape) <= last:
+            return NotImplemented
+        return _run(func, args, kwargs, leading)
+    else:
+        return NotImplemented
+    if list(target[: last + 1]) != list(shape[: last + 1]):
+        return NotImplemented
+
+    def local_func(local: torch.Tensor, *rest: Any, **_: Any) -> torch.Tensor:
+        local_target = list(local.shape[: last + 1]) + list(target[last + 1 :])
+        if name == "reshape":
+            return local.reshape(local_target)
+        return local.view(local_target)
+
+    return _run(func, args, kwargs, leading, local_func=local_func)
+
+
+def expand(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``expand`` / ``expand_as`` / ``broadcast_to``: unit dims grow; sharded dims keep size."""
+    shape = _shapes(args, kwargs)[0]
+    name = _name(func)
+    if name == "expand_as":
+        return expand(torch.Tensor.expand, (args[0], *blockwise.shape_of(args[1])), {})
+    else:
+        sizes = _sizes_arg(args, kwargs, 1, "size" if name == "expand" else "shape")
+        if sizes is None:
+            return NotImplemented
+        target = sizes
+    lead = len(target) - len(shape)
+    if lead < 0:
+        return NotImplemented
+
+    def local_func(local: torch.Tensor, *rest: Any, **_: Any) -> torch.Tensor:
+        sizes = [
+            -1 if d >= lead and shape[d - lead] == t else t for d, t in enumerate(target)
+        ]
+        return local.expand(sizes)
+
+    return _run(
+        func, args, kwargs, DimMap(lambda k, d: d + lead if k == 0 else None), local_func=local_func
+    )
+
+
+# -- indexing and joining --------------------------------------------------------------------
+
+
+def _is_full(entry: slice, length: int) -> bool:
+    start, stop, step = entry.start, entry.stop, entry.step
+    return (
+        (start is None or start == 0)
+        and (stop is None or (isinstance(stop, int) and stop >= length))
+        and (step is None or step == 1)
+    )
+
+
+def _consumed(entry: Any) -> int:
+    """How many input dims one index entry consumes."""
+    if entry is None:
+        return 0
+    if isinstance(entry, torch.Tensor) and entry.dtype == torch.bool:
+        return entry.ndim
+    return 1
+
+
+def getitem(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``x[key]`` with basic indexing (and advanced indices after every sharded dim)."""
+    if len(args) != 2 or kwargs:
+        return NotImplemented
+    shape = _shapes(args, kwargs)[0]
+    key = args[1] if isinstance(args[1], tuple) else (args[1],)
+    if any(e is Ellipsis for e in key):
+        at = key.index(Ellipsis)
+        consumed = sum(_consumed(e) for e in key if e is not Ellipsis)
+        key = key[:at] + (slice(None),) * (len(shape) - consumed) + key[at + 1 :]
+    mapping: dict[int, int | None] = {}
+    i = o = 0
+    advanced = False
+    for entry in key:
+        if advanced:
+            if entry is None or isinstance(entry, torch.Tensor):
+                return NotImplemented
+            mapping[i] = None
+            i += 1
+            continue
+        if entry is None:
+            o += 1
+        elif isinstance(entry, bool):
+            return NotImplemented
+        elif isinstance(entry, int):
+            mapping[i] = None
+            i += 1
+        elif isinstance(entry, slice):
+            mapping[i] = o if _is_full(entry, shape[i]) else None
+            i += 1
+            o += 1
+        elif isinstance(entry, torch.Tensor):
+            advanced = True
+            for _ in range(_consumed(entry)):
+                mapping[i] = None
+                i += 1
+        else:
+            return NotImplemented
+    for d in range(i, len(shape)):
+        mapping[d] = None if advanced else o + (d - i)
+
+    def out_dim(k: int, d: int) -> int | None:
+        return mapping.get(d) if k == 0 else None
+
+    return _run(func, args, kwargs, DimMap(out_dim))
+
+
+def cat(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``torch.cat(tensors, dim)``: reads along ``dim``; the operands must be co-sharded."""
+    ndim = max(len(s) for s in _shapes(args, kwargs))
+    dim = _arg(args, kwargs, 1, ("dim", "axis"), 0) % ndim
+    return _run(func, args, kwargs, DimMap(lambda k, d: None if d == dim else d))
+
+
+def stack(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``torch.stack(tensors, dim)``: a new dim at ``dim``."""
+    ndim = max(len(s) for s in _shapes(args, kwargs))
+    at = _arg(args, kwargs, 1, ("dim",), 0) % (ndim + 1)
+    return _run(func, args, kwargs, DimMap(lambda k, d: d if d < at else d + 1))
+
+
+def split(removes_dim: bool, position: int, default: Any = 0) -> Handler:
+    """``chunk`` / ``split`` / ``narrow`` (``dim`` kept) or ``unbind`` / ``select`` (removed)."""
+
+    def handler(func: Callable, args: tuple, kwargs: dict) -> Any:
+        ndim = len(_shapes(args, kwargs)[0])
+        dim = _arg(args, kwargs, position, ("dim",), default)
+        if not isinstance(dim, int):
+            return NotImplemented
+        dim %= ndim
+
+        def out_dim(k: int, d: int) -> int | None:
+            if k != 0 or d == dim:
+                return None
+            return d - 1 if removes_dim and d > dim else d
+
+        return _run(func, args, kwargs, DimMap(out_dim))
+
+    return handler
+
+
+def one_hot(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``F.one_hot(x, num_classes)`` with an explicit ``num_classes``: a new last dim."""
+    classes = _arg(args, kwargs, 1, ("num_classes",), -1)
+    if not isinstance(classes, int) or classes < 0:
+        return NotImplemented
+    return _run(func, args, kwargs, DimMap(lambda k, d: d if k == 0 else None))
+
+
+def repeat_interleave(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``repeat_interleave(repeats, dim)`` with an integer ``repeats``: reads along ``dim``."""
+    repeats = _arg(args, kwargs, 1, ("repeats",), None)
+    dim = _arg(args, kwargs, 2, ("dim",), None)
+    if not isinstance(repeats, int) or not isinstance(dim, int):
+        return NotImplemented
+    ndim = len(_shapes(args, kwargs)[0])
+    dim %= ndim
+    return _run(func, args, kwargs, DimMap(lambda k, d: d if k == 0 and d != dim else None))
+
+
+def cast_to_tensor(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``x.to(other)`` / ``x.type_as(other)``: the cast, without reading ``other``'s layout."""
+    other = _arg(args, kwargs, 1, ("other",), None)
+    if not isinstance(other, torch.Tensor) or len(args) > 2:
+        return NotImplemented
+    return elementwise(torch.Tensor.to, (args[0], other.dtype), {})
+
+
+__all__ = [
+    "along_dim",
+    "binary_or_reduction",
+    "cast_to_tensor",
+    "cat",
+    "einsum",
+    "elementwise",
+    "expand",
+    "getitem",
+    "layer_norm",
+    "linear",
+    "matmul",
+    "one_hot",
+    "permutation",
+    "reduction",
+    "repeat_interleave",
+    "reshape",
+    "split",
+    "squeeze",
+    "stack",
+    "unsqueeze",
+]

@@ -1,0 +1,284 @@
+"""The rule table: what every torch function does when a FoldTensor is among its operands.
+
+One row per group of functions, in the order the rules are tried (the first rule that
+applies to a call wins; a rule passes when the call is not of its form)::
+
+    category   what
+    ---------  ----------------------------------------------------------------------
+    plain      metadata of the wrapper (shape, dtype, device, ...): no dispatch at all
+    upstream   autograd-identity and serialisation functions: PhysicsNeMo's dispatch
+    refuse     in-place ops and out=: a clear error, nothing is half-written
+    keep tag   casts, detach, clone, contiguous of a map or view: same blocks, same tag
+    derive     map transposes, unit dims, sums, scalings and products; broadcast views
+               of singles and the pair tiles made from them; cdist: a new layout or tag
+    local      elementwise ops, reductions, softmax-like ops, norms, linear, einsum /
+               matmul, dim moves, reshapes of trailing dims, indexing, cat, split:
+               computed on local blocks (:mod:`physicsnemo_foldcp.ops.blockwise`),
+               gathering only what an op reads along a sharded axis
+    (no row)   a handler registered for the function with PhysicsNeMo's
+               ``ShardTensor.register_function_handler`` if there is one; otherwise all
+               operands gathered, the serial function on full tensors, reported as a
+               fallback
+
+:func:`table` prints the whole table with every function it lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from physicsnemo_foldcp.ops import compat, dispatch, families, maps, single_pair
+from physicsnemo_foldcp.ops._blocks import ShardingLayoutError, describe
+from physicsnemo_foldcp.ops.events import op_name
+
+PLAIN = "plain"
+UPSTREAM = "upstream"
+REFUSE = "refuse"
+KEEP_TAG = "keep tag"
+DERIVE = "derive"
+LOCAL = "local"
+CATEGORIES = (PLAIN, UPSTREAM, REFUSE, KEEP_TAG, DERIVE, LOCAL)
+"""Rule categories, in the order the table lists them."""
+
+
+def _funcs(*names: str, on: tuple[Any, ...] = (torch, torch.Tensor)) -> tuple[Callable, ...]:
+    """The callables named ``names`` on each of ``on`` (properties as their getters)."""
+    out = []
+    for owner in on:
+        for name in names:
+            attr = getattr(owner, name, None)
+            if attr is None:
+                continue
+            if not callable(attr) and hasattr(attr, "__get__"):
+                out.append(attr.__get__)  # a property: __torch_function__ sees its getter
+            elif callable(attr):
+                out.append(attr)
+    return tuple(dict.fromkeys(out))
+
+
+_ARITHMETIC = (
+    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
+    "floor_divide", "remainder", "fmod", "pow", "neg", "negative", "abs", "absolute", "exp",
+    "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "square", "sigmoid",
+    "tanh", "relu", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh",
+    "erf", "erfc", "erfinv", "clamp", "clip", "clamp_min", "clamp_max", "where", "masked_fill",
+    "eq", "ne", "lt", "le", "gt", "ge", "greater", "less", "greater_equal", "less_equal",
+    "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "bitwise_not", "maximum", "minimum", "fmax", "fmin", "reciprocal", "sign",
+    "sgn", "floor", "ceil", "round", "trunc", "frac", "isnan", "isinf", "isfinite",
+    "nan_to_num", "lerp", "addcmul", "addcdiv", "hypot", "logaddexp", "xlogy", "softplus",
+    "positive", "signbit", "copysign", "heaviside", "logit",
+)  # fmt: skip
+_CASTS = (
+    "float", "double", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool",
+    "to", "detach", "clone", "contiguous", "cpu", "cuda", "zeros_like", "ones_like",
+    "full_like", "empty_like", "rand_like", "randn_like",
+)  # fmt: skip
+_DUNDERS = (
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+    "__rtruediv__", "__div__", "__rdiv__", "__floordiv__", "__rfloordiv__", "__mod__",
+    "__rmod__", "__pow__", "__rpow__", "__neg__", "__pos__", "__abs__", "__invert__",
+    "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__eq__", "__ne__",
+    "__lt__", "__le__", "__gt__", "__ge__", "__lshift__", "__rshift__",
+)  # fmt: skip
+_ACTIVATIONS = (
+    "relu", "relu6", "gelu", "silu", "mish", "elu", "selu", "celu", "leaky_relu", "softplus",
+    "softsign", "sigmoid", "tanh", "hardtanh", "hardsigmoid", "hardswish", "logsigmoid",
+    "tanhshrink", "threshold", "dropout",
+)  # fmt: skip
+
+ELEMENTWISE = (
+    _funcs(*_ARITHMETIC, *_CASTS)
+    + _funcs(*_DUNDERS, on=(torch.Tensor,))
+    + _funcs(*_ACTIVATIONS, on=(F,))
+)
+"""Pointwise functions (broadcasting): computed on local blocks."""
+
+REDUCTIONS = _funcs(
+    "sum", "nansum", "mean", "amax", "amin", "prod", "logsumexp", "all", "any", "argmax",
+    "argmin", "std", "var", "count_nonzero",
+)  # fmt: skip
+"""Reductions over ``dim``: local over unsharded dims; sum/mean summed over the mesh."""
+
+MAX_MIN = _funcs("max", "min")
+"""``max`` / ``min``: elementwise with a tensor operand, a reduction with ``dim``."""
+
+SOFTMAX_LIKE = _funcs("softmax", "log_softmax", "cumsum", "cumprod", "logcumsumexp") + _funcs(
+    "softmax", "log_softmax", on=(F,)
+)
+"""Functions that keep the shape and read along one ``dim`` (argument 1)."""
+
+SWAPS = maps.SWAP_FUNCS + _funcs("movedim", "moveaxis", "adjoint", "mH", "H")
+PRODUCTS = maps.CONTRACTION_FUNCS + (torch.Tensor.__rmatmul__,)
+MATMULS = tuple(f for f in PRODUCTS if f is not torch.einsum)
+RESHAPES = _funcs("reshape", "view", "flatten", "unflatten", "view_as", "reshape_as")
+EXPANDS = _funcs("expand", "expand_as", "broadcast_to")
+GETITEM = (torch.Tensor.__getitem__,)
+SPLITS_KEEPING_DIM = _funcs("chunk", "split", "tensor_split")
+NARROW = _funcs("narrow")
+SPLITS_REMOVING_DIM = _funcs("unbind", "select")
+
+METADATA = _funcs(
+    "shape", "size", "dim", "ndimension", "ndim", "numel", "nelement", "dtype", "device",
+    "layout", "is_floating_point", "is_complex", "is_signed", "element_size", "stride",
+    "is_contiguous", "__len__", "get_device", "is_cuda", "is_cpu", "is_meta", "is_sparse",
+    "is_quantized", "itemsize", "nbytes", "new_zeros", "new_ones", "new_full", "new_empty",
+    "new_tensor", "__hash__",
+    on=(torch.Tensor,),
+)  # fmt: skip
+"""Answered by the wrapper itself (global shape, dtype, device) without any dispatch."""
+
+AUTOGRAD_IDENTITY = _funcs(
+    "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "backward",
+    "__reduce_ex__", "__deepcopy__", "__setstate__", "data", "grad", "is_leaf", "grad_fn",
+    "requires_grad", "requires_grad_", "untyped_storage", "storage",
+    on=(torch.Tensor,),
+) + (torch.autograd.grad,)
+"""Bound to the tensor object itself (hooks, gradients, pickling): PhysicsNeMo's dispatch."""
+
+IN_PLACE = tuple(
+    getattr(torch.Tensor, name)
+    for name in dir(torch.Tensor)
+    if callable(getattr(torch.Tensor, name, None))
+    and (
+        (name.endswith("_") and not name.startswith("_") and name != "requires_grad_")
+        or name in ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                    "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                    "__ilshift__", "__irshift__", "__idiv__")
+    )
+)  # fmt: skip
+"""In-place methods: refused on FoldTensors (write the out-of-place form)."""
+
+
+def _refuse_in_place(func: Callable, args: tuple, kwargs: dict) -> Any:
+    target = args[0] if args else None
+    raise ShardingLayoutError(
+        f"{op_name(func)} writes in place into {describe(target)}; in-place ops are not "
+        "supported on sharded features under context parallelism (each rank holds blocks "
+        "of uneven size): use the out-of-place form, e.g. x = x + y instead of x += y"
+    )
+
+
+def _refuse_out(func: Callable, args: tuple, kwargs: dict) -> Any:
+    raise ShardingLayoutError(
+        f"{op_name(func)}(..., out=...) on sharded features is not supported under context "
+        "parallelism: drop out= and use the result"
+    )
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the table.
+
+    Attributes
+    ----------
+    category : str
+        One of :data:`CATEGORIES`.
+    funcs : tuple of callables
+        The torch functions the row covers.
+    handler : callable or None
+        ``handler(func, args, kwargs)``; returns ``NotImplemented`` when the call is not
+        of its form (then the next rule is tried). ``None`` for ``plain`` and
+        ``upstream``.
+    what : str
+        What the rule does, for :func:`table`.
+    """
+
+    category: str
+    funcs: tuple[Callable, ...]
+    handler: Callable[[Callable, tuple, dict], Any] | None
+    what: str
+
+    def apply(self, func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
+        """Run the rule on one call."""
+        if self.category == PLAIN:
+            return compat.plain_function_call(func, args, kwargs)
+        if self.category == UPSTREAM:
+            return dispatch.upstream(func, types, args, kwargs)
+        out = self.handler(func, args, kwargs)
+        if out is NotImplemented or self.category != LOCAL:
+            return out
+        return maps.mark_derived(func, args, kwargs, out)
+
+
+TABLE: tuple[Rule, ...] = (
+    Rule(PLAIN, METADATA, None, "metadata of the wrapper: global shape, dtype, device"),
+    Rule(UPSTREAM, AUTOGRAD_IDENTITY, None, "hooks, gradients, pickling: PhysicsNeMo's path"),
+    Rule(REFUSE, IN_PLACE, _refuse_in_place, "in-place ops: error naming op and layout"),
+    Rule(KEEP_TAG, maps.KEEP_TAG_FUNCS, maps.keep_tag_rule, "casts/copies of a map or view"),
+    Rule(DERIVE, maps.SWAP_FUNCS, maps.swap_rule, "swapping a map's axes swaps its tag"),
+    Rule(DERIVE, maps.UNSQUEEZE_FUNCS, maps.unsqueeze_rule, "unit dims before a map's axes"),
+    Rule(DERIVE, _funcs("sum"), maps.sum_rule, "map.sum(axis): row-sharded local sums"),
+    Rule(DERIVE, maps.MUL_FUNCS + maps.DIV_FUNCS, maps.scale_rule, "map * / factor: same tag"),
+    Rule(DERIVE, PRODUCTS, maps.contraction_rule, "products with a map: local, or refused"),
+    Rule(DERIVE, GETITEM, single_pair.getitem_view_rule, "s[:, :, None], s[:, None]: views"),
+    Rule(DERIVE, _funcs("unsqueeze"), single_pair.unsqueeze_view_rule, "s.unsqueeze: views"),
+    Rule(DERIVE, single_pair.VIEW_PAIR_FUNCS, single_pair.view_pair_rule, "rows (op) columns"),
+    Rule(DERIVE, (torch.cdist,), single_pair.cdist_rule, "cdist of two singles: pair tile"),
+    Rule(LOCAL, _funcs("to", "type_as", on=(torch.Tensor,)), families.cast_to_tensor,
+         "x.to(other), x.type_as(other): a cast"),
+    Rule(LOCAL, ELEMENTWISE, families.elementwise, "pointwise with broadcasting"),
+    Rule(LOCAL, MAX_MIN, families.binary_or_reduction, "max/min: pointwise or reduction"),
+    Rule(LOCAL, REDUCTIONS, families.reduction, "reductions (sum/mean over the mesh)"),
+    Rule(LOCAL, SOFTMAX_LIKE, families.along_dim(1), "softmax, log_softmax, cumsum"),
+    Rule(LOCAL, (F.normalize,), families.along_dim(2, default=1), "F.normalize"),
+    Rule(LOCAL, _funcs("layer_norm", "rms_norm", on=(F,)), families.layer_norm,
+         "layer / RMS norm over trailing dims"),
+    Rule(LOCAL, (F.linear,), families.linear, "F.linear over the last dim"),
+    Rule(LOCAL, (torch.einsum,), families.einsum, "einsum: kept indices local"),
+    Rule(LOCAL, MATMULS, families.matmul, "matmul / bmm / mm / @ as einsum"),
+    Rule(LOCAL, SWAPS, families.permutation, "transpose, permute, movedim, mT, t"),
+    Rule(LOCAL, _funcs("unsqueeze"), families.unsqueeze, "unsqueeze"),
+    Rule(LOCAL, _funcs("squeeze"), families.squeeze, "squeeze"),
+    Rule(LOCAL, RESHAPES, families.reshape, "reshapes of dims after the sharded ones"),
+    Rule(LOCAL, EXPANDS, families.expand, "expand / broadcast_to"),
+    Rule(LOCAL, GETITEM, families.getitem, "indexing of unsharded dims"),
+    Rule(LOCAL, _funcs("cat", "concat", "concatenate", on=(torch,)), families.cat, "cat"),
+    Rule(LOCAL, _funcs("stack", on=(torch,)), families.stack, "stack"),
+    Rule(LOCAL, SPLITS_KEEPING_DIM, families.split(False, 2), "chunk / split"),
+    Rule(LOCAL, NARROW, families.split(False, 1), "narrow"),
+    Rule(LOCAL, SPLITS_REMOVING_DIM, families.split(True, 1), "unbind / select"),
+    Rule(LOCAL, (F.one_hot,), families.one_hot, "F.one_hot with num_classes"),
+    Rule(LOCAL, _funcs("repeat_interleave"), families.repeat_interleave, "repeat_interleave"),
+)  # fmt: skip
+"""The rows, in the order rules are tried."""
+
+_OUT_RULE = Rule(REFUSE, (), _refuse_out, "out= arguments")
+
+_INDEX: dict[Callable, list[Rule]] = {}
+for _rule in TABLE:
+    for _func in _rule.funcs:
+        _INDEX.setdefault(_func, []).append(_rule)
+
+
+def rules_for(func: Callable, kwargs: dict) -> list[Rule]:
+    """The rules that may handle a call of ``func``, in order."""
+    if kwargs.get("out") is not None:
+        return [_OUT_RULE]
+    return _INDEX.get(func, [])
+
+
+def after_generic(func: Callable, args: tuple, kwargs: dict, result: Any) -> Any:
+    """What happens to the result of a call no rule handled (a derived map is marked)."""
+    return maps.mark_derived(func, args, kwargs, result)
+
+
+def table() -> str:
+    """The rule table as text: category, what, and the functions of every row."""
+    lines = []
+    for rule in TABLE:
+        names = ", ".join(sorted({op_name(f) for f in rule.funcs}))
+        lines.append(f"{rule.category:<9} {rule.what}\n          {names}")
+    lines.append(
+        "(no row)  a handler registered with PhysicsNeMo if any, else gathered: the serial "
+        "function on full tensors, reported as a fallback"
+    )
+    return "\n".join(lines)
+
+
+__all__ = ["CATEGORIES", "TABLE", "Rule", "after_generic", "rules_for", "table"]

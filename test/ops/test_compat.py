@@ -1,0 +1,168 @@
+"""One test per private upstream name in ``ops/compat.py``: each fails if upstream changes it."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from physicsnemo.domain_parallel import ShardTensor
+from physicsnemo.domain_parallel import shard_tensor as shard_tensor_module
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.placement_types import Replicate, Shard
+from torch.overrides import handle_torch_function, has_torch_function
+
+from physicsnemo_foldcp.ops import compat
+from physicsnemo_foldcp.testing import collective_assert
+
+distributed = pytest.mark.multigpu_static
+MESH = pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=str)
+
+
+def uneven_rows(mesh, columns: int = 3):
+    """``[7, columns]`` with rows 4 / 3 over cp0 (uneven), replicated over cp1."""
+    full = torch.arange(7 * columns, dtype=torch.float32).reshape(7, columns)
+    i = mesh.domain_coordinate[0]
+    sizes = [4, 3]
+    local = full[sum(sizes[:i]) : sum(sizes[:i]) + sizes[i]].clone()
+    shapes = {0: [(n, columns) for n in sizes]}
+    st = ShardTensor.from_local(local, mesh.domain_mesh, (Shard(0), Replicate()), shapes)
+    return st, local, full, shapes
+
+
+def probe(x):
+    """A function of ours that dispatches on ShardTensors (for the registry test)."""
+    if has_torch_function((x,)):
+        return handle_torch_function(probe, (x,), x)
+    return x
+
+
+# -- serial: names that need no process group -------------------------------------------------
+
+
+def test_is_tracing_is_true_exactly_for_fake_operands():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real = torch.ones(2)
+    assert compat.is_tracing((real,), {}) is False
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(real)
+    assert compat.is_tracing((fake,), {}) is True
+    assert compat.is_tracing((), {"x": [fake]}) is True
+
+
+def test_conversion_active_reads_the_conversion_scope():
+    assert compat.conversion_active() is False
+    with compat.conversion_scope():
+        assert compat.conversion_active() is True
+        with compat.conversion_scope():
+            assert compat.conversion_active() is True
+        assert compat.conversion_active() is True
+    assert compat.conversion_active() is False
+
+
+def test_upstream_fallbacks_are_module_functions_looked_up_at_call_time():
+    originals = {n: getattr(shard_tensor_module, n) for n in compat.UPSTREAM_FALLBACKS}
+    seen = []
+
+    def wrap(original, name):
+        def run(func, args, kwargs=None):
+            seen.append(name)
+            return original(func, args, kwargs)
+
+        return run
+
+    with compat.observed_upstream_fallbacks(wrap):
+        for name in compat.UPSTREAM_FALLBACKS:
+            assert getattr(shard_tensor_module, name) is not originals[name]
+    for name in compat.UPSTREAM_FALLBACKS:
+        assert getattr(shard_tensor_module, name) is originals[name]
+    assert not seen
+
+
+def test_plain_function_call_skips_subclass_dispatch():
+    calls = []
+
+    class Counting(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    x = torch.ones(2, 3).as_subclass(Counting)
+    calls.clear()
+    assert compat.plain_function_call(torch.Tensor.size, (x,), {}) == (2, 3)
+    assert not calls
+
+
+# -- distributed: names that describe ShardTensors --------------------------------------------
+
+
+@distributed
+@MESH
+def test_local_tensor_is_the_block_without_a_copy(fold_mesh):
+    st, local, _, _ = uneven_rows(fold_mesh)
+    got = compat.local_tensor(st)
+    collective_assert(got is local or got.data_ptr() == local.data_ptr(), "not the same block")
+
+
+@distributed
+@MESH
+def test_sharding_shapes_are_the_shapes_given_to_from_local(fold_mesh):
+    st, _, _, shapes = uneven_rows(fold_mesh)
+    got = {m: [tuple(s) for s in v] for m, v in compat.sharding_shapes(st).items()}
+    collective_assert(got == shapes, f"{got} != {shapes}")
+
+
+@distributed
+@MESH
+def test_global_shape_is_the_spec_shape(fold_mesh):
+    st, _, full, _ = uneven_rows(fold_mesh)
+    collective_assert(compat.global_shape(st) == tuple(full.shape), f"{compat.global_shape(st)}")
+
+
+@distributed
+@MESH
+def test_registered_function_handler_reads_the_registry(fold_mesh):
+    st, *_ = uneven_rows(fold_mesh)
+    collective_assert(compat.registered_function_handler(probe) is None, "probe registered")
+
+    def handler(func, types, args, kwargs):
+        return "handled"
+
+    ShardTensor.register_function_handler(probe, handler)  # a test-only function
+    ok = compat.registered_function_handler(probe) is handler and probe(st) == "handled"
+    with compat.function_handlers_removed((probe,)):
+        removed = compat.registered_function_handler(probe) is None
+    restored = compat.registered_function_handler(probe) is handler
+    collective_assert(ok and removed and restored, f"{ok} {removed} {restored}")
+
+
+@distributed
+@MESH
+def test_torch_function_fallback_runs_an_op_through_dtensor(fold_mesh):
+    st, local, _, _ = uneven_rows(fold_mesh, columns=4)
+    out = compat.torch_function_fallback(torch.Tensor.__mul__, (st, 2.0), {})
+    good = isinstance(out, ShardTensor) and torch.equal(compat.local_tensor(out), local * 2)
+    collective_assert(good, f"fallback gave {type(out).__name__}")
+
+
+@distributed
+@MESH
+def test_collectives_are_counted_and_correct(fold_mesh):
+    mesh = fold_mesh.domain_mesh
+    i, j = fold_mesh.domain_coordinate
+    x = torch.full((2, 3), float(1 + i))
+    with CommDebugMode() as mode:
+        gathered = compat.all_gather(x, 0, mesh, 0)
+        reduced = compat.all_reduce(x, "sum", mesh, 0)
+        maxed = compat.all_reduce(x, "max", mesh, 0)
+        scattered = compat.reduce_scatter(torch.ones(4, 3) * (1 + i), 0, mesh, 0)
+    counts = sum(mode.get_comm_counts().values())
+    problems = []
+    if not torch.equal(gathered, torch.cat([torch.full((2, 3), 1.0), torch.full((2, 3), 2.0)])):
+        problems.append(f"all_gather {gathered}")
+    if not torch.equal(reduced, torch.full((2, 3), 3.0)) or not torch.equal(maxed, x * 0 + 2):
+        problems.append("all_reduce")
+    if not torch.equal(scattered, torch.full((2, 3), 3.0)):
+        problems.append(f"reduce_scatter {scattered}")
+    if counts != 4:
+        problems.append(f"CommDebugMode counted {counts} collectives, not 4")
+    collective_assert(not problems and dist.is_initialized(), "; ".join(problems))

@@ -1,0 +1,106 @@
+"""Generic ops on scattered features run on the plan's uneven blocks and match serial.
+
+PhysicsNeMo's DTensor fallback infers a result's local shapes from ``torch.chunk`` of its
+global shape, which disagrees with the plan's blocks (7 tokens on 3 rows are 3, 2, 2;
+``torch.chunk`` gives 3, 3, 1); the plugin's rules keep the operand's blocks instead.
+"""
+
+import pytest
+import torch
+from torch.distributed.tensor.placement_types import Shard
+
+from physicsnemo_foldcp import scatter_features
+from physicsnemo_foldcp.data.synthetic import make_complex
+from physicsnemo_foldcp.testing import collective_assert
+from physicsnemo_foldcp.testing.asserts import gather_failures
+
+pytestmark = pytest.mark.multigpu_static
+
+
+def shape_changing_steps():
+    """(name, fn) pairs of model steps on ``[L, C]`` (``L`` sharded) that change ``C``'s
+    length or split it, as a model's heads and concatenations do."""
+    return [
+        ("cat", lambda t: torch.cat([t, 2 * t], dim=-1)),
+        ("unflatten", lambda t: t.unflatten(-1, (1, t.shape[-1]))),
+        ("flatten", lambda t: t.unflatten(-1, (1, t.shape[-1])).flatten(-2)),
+        ("sum", lambda t: t.sum(-1)),
+        ("mean", lambda t: t.mean(-1, keepdim=True)),
+        ("slice", lambda t: t[..., :1]),
+    ]
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 3, 2), (1, 3, 3)], indirect=True, ids=str)
+def test_shape_changing_ops_on_uneven_blocks_match_serial(fold_mesh):
+    x = make_complex(7, seed=5, preset="boltz2", msa_rows=2)
+    sharded = scatter_features(x if fold_mesh.is_domain_source else None, fold_mesh)
+    problems = []
+    for name in ("ref_pos", "coords", "profile"):
+        st, serial = sharded[name].float(), x[name].float()
+        sharded_dims = {p.dim for p in st.placements if isinstance(p, Shard)}
+        for step, fn in shape_changing_steps():
+            local_problem = None
+            try:
+                out = fn(st)
+                lengths = [out.to_local().shape[d] for d in sharded_dims]
+                if lengths != [st.to_local().shape[d] for d in sharded_dims]:
+                    local_problem = f"{name}.{step}: local lengths {lengths} left the blocks"
+            except Exception as error:  # noqa: BLE001 - reported collectively
+                local_problem = f"{name}.{step}: {type(error).__name__}: {error}"
+            failures = gather_failures(local_problem)  # full_tensor only if every rank can
+            if failures:
+                problems += [f"rank {r}: {m}" for r, m in failures.items()]
+            elif not torch.equal(out.full_tensor(), fn(serial)):
+                problems.append(f"{name}.{step}: values differ from serial")
+    collective_assert(not problems, "; ".join(problems))
+
+
+GENERIC_MESHES = [(1, 2, 2), (1, 2, 3), (1, 3, 3)]
+
+
+def attention_like(x, q_proj, k_proj, v_proj):
+    """Ordinary token attention written as a model would, on any ``[1, L, C]`` single."""
+    q, k, v = q_proj(x), k_proj(x), v_proj(x)
+    a = q @ k.mT
+    return a.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("fold_mesh", GENERIC_MESHES, indirect=True, ids=str)
+@pytest.mark.parametrize("feature", ["res_type", "ref_element"])
+def test_attention_like_chain_on_uneven_blocks_gives_the_serial_result(fold_mesh, feature):
+    """``q @ k.mT; softmax; @ v`` on tokens (13 on the mesh) and on atoms (blocks that
+    follow their tokens, not torch.chunk's): output and every weight gradient equal serial."""
+    x = {k: v.unsqueeze(0) for k, v in make_complex(13, seed=3, msa_rows=2).items()}
+    sharded = scatter_features(x if fold_mesh.is_domain_source else None, fold_mesh)
+    width = x[feature].shape[-1]
+    torch.manual_seed(0)
+    projections = [torch.nn.Linear(width, 8) for _ in range(3)]
+    out = attention_like(sharded[feature].float(), *projections)
+    loss = (out * out).mean()
+    loss.backward()
+    grads = [p.weight.grad.clone() for p in projections]
+    for p in projections:
+        p.weight.grad = None
+    serial = attention_like(x[feature].float(), *projections)
+    (serial * serial).mean().backward()
+    problems = []
+    if not torch.allclose(out.full_tensor(), serial, rtol=1e-5, atol=1e-6):
+        problems.append("output differs from serial")
+    if not torch.allclose(loss.full_tensor(), (serial * serial).mean(), rtol=1e-5):
+        problems.append("loss differs from serial")
+    for k, (g, p) in enumerate(zip(grads, projections)):
+        if not torch.allclose(g, p.weight.grad, rtol=1e-5, atol=1e-6):
+            problems.append(f"projection {k}: gradient off by {(g - p.weight.grad).abs().max()}")
+    if out.placements[0] != Shard(1):
+        problems.append(f"output placements {out.placements}")
+    collective_assert(not problems, "; ".join(problems))
+
+
+@pytest.mark.parametrize("fold_mesh", GENERIC_MESHES, indirect=True, ids=str)
+def test_softmax_of_a_pair_tile_stays_a_tile(fold_mesh):
+    x = {k: v.unsqueeze(0) for k, v in make_complex(11, seed=2, msa_rows=2).items()}
+    sharded = scatter_features(x if fold_mesh.is_domain_source else None, fold_mesh)
+    out = sharded["token_bonds"].float().squeeze(-1).softmax(-1)
+    serial = x["token_bonds"].float().squeeze(-1).softmax(-1)
+    good = tuple(out.placements) == (Shard(1), Shard(2))
+    collective_assert(good and torch.allclose(out.full_tensor(), serial), f"{out.placements}")
