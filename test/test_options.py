@@ -5,7 +5,11 @@ import math
 
 import pytest
 
+from physicsnemo_foldcp.sharding import balance, maps, scatter
 from physicsnemo_foldcp.sharding.options import (
+    BALANCE_MODES,
+    MAP_LAYOUTS,
+    METHODS,
     BalanceOptions,
     ShardingOptions,
     resolve_options,
@@ -71,6 +75,12 @@ def test_replace_checks_the_new_values():
     )
     with pytest.raises(ValueError, match="token_multiple must be an integer >= 1"):
         options.replace(token_multiple=-1)
+
+
+def test_the_choices_are_declared_once():
+    assert scatter.METHODS is METHODS
+    assert maps.MAP_LAYOUTS is MAP_LAYOUTS
+    assert balance.BALANCE_MODES is BALANCE_MODES
 
 
 def test_old_keyword_arguments_are_aliases_of_the_fields():
