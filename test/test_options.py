@@ -120,3 +120,10 @@ def test_unknown_keywords_and_bad_aliases_are_errors():
         resolve_options(None, {"token_multiple": 0})
     with pytest.raises(TypeError, match="options must be ShardingOptions"):
         resolve_options("p2p")  # type: ignore[arg-type]
+
+
+def test_the_cli_defaults_are_the_options_defaults():
+    from physicsnemo_foldcp.cli.plan_report import build_parser, options_from_args
+
+    args = build_parser().parse_args(["--tokens", "8", "--cp", "1", "1"])
+    assert options_from_args(args) == ShardingOptions()

@@ -1,4 +1,4 @@
-r"""Plan report: what each rank of a ``cp0 x cp1`` mesh would hold of one sample, on one process.
+"""Plan report: what each rank of a ``cp0 x cp1`` mesh would hold of one sample, on one process.
 
 Given a sample and a mesh shape, :func:`plan_report` validates and lays out the sample
 exactly as the scatter's source rank does
@@ -7,12 +7,8 @@ exactly as the scatter's source rank does
 serial token and atom ranges, its token column block, the bytes of its blocks per feature
 group, the elements it holds at pad positions (all asked of the plan), and the imbalance of
 atoms, pair elements and bytes across ranks. :func:`draw_plan` draws the partition. No
-process group is needed.
-
-Command line::
-
-    python -m physicsnemo_foldcp.sharding.plan_report --tokens 512 --cp 2 3 [--preset boltz2] \
-        [--balanced] [--features sample.pt|sample.npz] [--png plan.png]
+process group is needed. The command line is
+:mod:`physicsnemo_foldcp.cli.plan_report`.
 
 Feature groups (by the registry's axis meanings, first match wins): ``pair`` (two token
 axes), ``msa`` (an MSA axis), ``atom`` (an atoms or rset axis: atom features, coordinates,
@@ -22,9 +18,7 @@ and passed-through tensors, held whole by every rank).
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +28,7 @@ import torch
 
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import ATOMS, MSA, RSET, TOKENS
-from physicsnemo_foldcp.sharding.balance import (
-    PlanCost,
-    atoms_per_token,
-    balanced_token_bounds,
-    plan_cost,
-)
+from physicsnemo_foldcp.sharding.balance import PlanCost, atoms_per_token, plan_cost
 from physicsnemo_foldcp.sharding.options import ShardingOptions, resolve_options
 from physicsnemo_foldcp.sharding.plan import Coordinate, ShardingPlan, even_token_bounds
 from physicsnemo_foldcp.sharding.prepare import prepare_sample
@@ -406,133 +395,11 @@ def draw_plan(report: PlanReport, path: str | Path) -> Path:
     return out
 
 
-def load_features(path: str | Path) -> dict[str, Any]:
-    """Read one sample from a ``.pt`` (``torch.save`` of a dict) or ``.npz`` file.
-
-    Raises
-    ------
-    ValueError
-        On another suffix, or a file that does not hold a dict of tensors.
-    """
-    path = Path(path)
-    if path.suffix == ".pt":
-        data = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{path}: expected a dict of tensors, got {type(data).__name__}")
-        return dict(data)
-    if path.suffix == ".npz":
-        import numpy as np
-
-        with np.load(path, allow_pickle=False) as archive:
-            return {
-                k: torch.from_numpy(archive[k].copy())
-                if archive[k].dtype.kind != "U"
-                else str(archive[k])
-                for k in archive.files
-            }
-    raise ValueError(f"{path}: unknown feature file type {path.suffix!r}; use .pt or .npz")
-
-
-def _parse_composition(text: str | None) -> dict[str, float] | None:
-    if not text:
-        return None
-    out = {}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if not value:
-            raise argparse.ArgumentTypeError(
-                f"composition {text!r}: write kind=fraction pairs, e.g. protein=0.4,rna=0.4"
-            )
-        out[key.strip()] = float(value)
-    return out
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``python -m physicsnemo_foldcp.sharding.plan_report``."""
-    p = argparse.ArgumentParser(
-        prog="python -m physicsnemo_foldcp.sharding.plan_report",
-        description="Per-rank token/atom ranges, bytes per feature group, padding and "
-        "imbalance of one sample on a cp0 x cp1 mesh, and a PNG of the partition.",
-    )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--tokens", type=int, help="size of a synthetic complex (tokens)")
-    source.add_argument("--features", type=Path, help="a sample saved as .pt or .npz")
-    p.add_argument("--cp", type=int, nargs=2, required=True, metavar=("CP0", "CP1"))
-    p.add_argument("--preset", choices=("boltz1", "boltz2"), default="boltz2")
-    p.add_argument("--balanced", action="store_true", help="use the balanced row blocks")
-    p.add_argument("--pair-weight", type=float, default=0.0, help="balanced: pair weight")
-    p.add_argument("--atom-weight", type=float, default=1.0, help="balanced: atom weight")
-    p.add_argument("--token-multiple", type=int, default=1)
-    p.add_argument("--atom-multiple", type=int, default=1)
-    p.add_argument("--map-layout", choices=("dense", "index"), default="dense")
-    p.add_argument("--seed", type=int, default=0, help="synthetic complex seed")
-    p.add_argument("--msa-rows", type=int, default=256, help="synthetic complex MSA depth")
-    p.add_argument(
-        "--composition",
-        type=_parse_composition,
-        default=None,
-        help="synthetic token fractions, e.g. protein=0.4,rna=0.4,ligand=0.2",
-    )
-    p.add_argument("--png", type=Path, help="write the partition drawing here")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the plan report; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    cp0, cp1 = args.cp
-    if cp0 < 1 or cp1 < 1:
-        print(f"error: --cp {cp0} {cp1}: both sizes must be >= 1", file=sys.stderr)
-        return 2
-    registry = FeatureRegistry.preset(args.preset)
-    if args.features is not None:
-        features = load_features(args.features)
-    else:
-        from physicsnemo_foldcp.data.synthetic import make_complex
-
-        features = make_complex(
-            args.tokens,
-            seed=args.seed,
-            preset=args.preset,
-            msa_rows=args.msa_rows,
-            composition=args.composition,
-        )
-    bounds = None
-    if args.balanced:
-        bounds = balanced_token_bounds(
-            atoms_per_token(features),
-            cp0,
-            cp1=cp1,
-            pair_weight=args.pair_weight,
-            atom_weight=args.atom_weight,
-        )
-    report = plan_report(
-        features,
-        (cp0, cp1),
-        registry=registry,
-        token_bounds=bounds,
-        token_multiple=args.token_multiple,
-        atom_multiple=args.atom_multiple,
-        map_layout=args.map_layout,
-        label="balanced" if args.balanced else "even",
-    )
-    print(report.format())
-    if args.png is not None:
-        print(f"partition drawn to {draw_plan(report, args.png)}")
-    return 0
-
-
 __all__ = [
     "GROUPS",
     "PlanReport",
     "RankLoad",
     "draw_plan",
     "feature_group",
-    "load_features",
-    "main",
     "plan_report",
 ]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
