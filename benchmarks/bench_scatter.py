@@ -69,8 +69,9 @@ import physicsnemo_foldcp as fc
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features.spec import ATOMS, TOKENS
 from physicsnemo_foldcp.sharding.balance import atoms_per_token, balanced_token_bounds
-from physicsnemo_foldcp.sharding.layout import pack_rank, prepare_sample
-from physicsnemo_foldcp.sharding.plan import atom_tokens_from_map
+from physicsnemo_foldcp.sharding.prepare import prepare_sample
+from physicsnemo_foldcp.sharding.validation import atom_tokens_from_map
+from physicsnemo_foldcp.sharding.wire import pack_rank
 
 METHODS = ("foldcp", "foldcp-index", "foldcp-balanced", "dtensor-layout", "scatter_tensor")
 """Every method the benchmark knows, in table order."""

@@ -16,7 +16,8 @@ from physicsnemo_foldcp.sharding.balance import (
     plan_cost,
     plan_token_bounds,
 )
-from physicsnemo_foldcp.sharding.plan import FeatureValidationError, build_plan
+from physicsnemo_foldcp.sharding.plan import build_plan
+from physicsnemo_foldcp.sharding.validation import FeatureValidationError
 from physicsnemo_foldcp.testing import collective_assert
 
 RNA_LIGAND = {"protein": 0.4, "rna": 0.4, "ligand": 0.2}

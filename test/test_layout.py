@@ -5,14 +5,12 @@ import torch
 
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureRegistry, UnknownFeatureError
-from physicsnemo_foldcp.sharding.layout import (
-    expand_wire_blocks,
-    local_block,
-    pack_rank,
-    prepare_sample,
-)
+from physicsnemo_foldcp.sharding.maps import dense_map_to_index, index_map_to_dense
 from physicsnemo_foldcp.sharding.packing import pack, unpack
-from physicsnemo_foldcp.sharding.plan import FeatureValidationError
+from physicsnemo_foldcp.sharding.plan import local_block
+from physicsnemo_foldcp.sharding.prepare import prepare_sample
+from physicsnemo_foldcp.sharding.validation import FeatureValidationError
+from physicsnemo_foldcp.sharding.wire import expand_wire_blocks, pack_rank
 
 REG = {p: FeatureRegistry.preset(p) for p in ("boltz1", "boltz2")}
 
@@ -159,8 +157,6 @@ def test_index_values_are_remapped_into_the_padded_atom_layout(sample):
 
 
 def test_dense_and_index_map_layouts_round_trip(sample):
-    from physicsnemo_foldcp.sharding.layout import dense_map_to_index, index_map_to_dense
-
     for name in ("atom_to_token", "token_to_rep_atom", "r_set_to_rep_atom"):
         dense = sample[name]
         index = dense_map_to_index(dense)

@@ -1,16 +1,19 @@
-"""The plan report CLI: printed ranges, bytes per group, padding and imbalance, and the PNG."""
+"""The plan report, library and CLI: ranges, bytes per group, padding, imbalance, the PNG."""
 
 import math
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+from physicsnemo_foldcp.cli.plan_report import main
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureRegistry
 from physicsnemo_foldcp.sharding.balance import balanced_token_bounds
-from physicsnemo_foldcp.sharding.plan_report import main, plan_report
+from physicsnemo_foldcp.sharding.plan_report import plan_report
 
 GROUPS = ("token", "pair", "atom", "msa", "other")
 
@@ -203,3 +206,12 @@ def test_cli_rejects_bad_arguments(capsys):
     assert "both sizes must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--tokens", "10", "--features", "x.pt", "--cp", "1", "1"])
+
+
+def test_the_cli_runs_as_a_module():
+    command = [sys.executable, "-m", "physicsnemo_foldcp.cli.plan_report"]
+    args = ["--tokens", "12", "--cp", "2", "1", "--msa-rows", "2"]
+    proc = subprocess.run(command + args, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert len(table_rows(proc.stdout)) == 2
+    assert "plan (even) on cp0 x cp1 = 2 x 1" in proc.stdout

@@ -1,5 +1,6 @@
 """Distributed scatter/gather of whole Boltz samples: parity, placements, padding, bytes."""
 
+import itertools
 import math
 
 import pytest
@@ -11,8 +12,10 @@ from torch.distributed.tensor.debug import CommDebugMode
 from physicsnemo_foldcp import gather_features, scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec, UnknownFeatureError
-from physicsnemo_foldcp.sharding.plan import FeatureValidationError
+from physicsnemo_foldcp.sharding.balance import balanced_token_bounds
+from physicsnemo_foldcp.sharding.options import BalanceOptions, ShardingOptions
 from physicsnemo_foldcp.sharding.scatter import RegistryMismatchError
+from physicsnemo_foldcp.sharding.validation import FeatureValidationError
 from physicsnemo_foldcp.testing import collective_assert
 
 pytestmark = pytest.mark.multigpu_static
@@ -448,3 +451,67 @@ def test_compact_map_layout(fold_mesh, padding):
         if c.numel() * c.element_size() >= d.numel() * d.element_size() or c.dtype != torch.long:
             problems.append(f"{name}: compact {tuple(c.shape)} {c.dtype} vs dense {tuple(d.shape)}")
     collective_assert(not problems, "; ".join(map(str, problems[:6])))
+
+
+RNA_LIGAND = {"protein": 0.4, "rna": 0.4, "ligand": 0.2}
+
+
+@pytest.mark.parametrize(
+    "fold_mesh",
+    [(1, 2, 2), (1, 2, 3), (1, 3, 3)],
+    indirect=True,
+    ids=lambda s: mesh_id(map(str, s)),
+)
+@pytest.mark.parametrize("padding", PADDINGS, ids=["no-pad", "pad-4-32"])
+def test_balanced_option_plans_on_the_source_and_round_trips(fold_mesh, padding):
+    """The source computes the balanced row blocks itself; the sample comes back bit-exact."""
+    x = make_complex(40, seed=12, composition=RNA_LIGAND, msa_rows=4)
+    cp0, cp1 = fold_mesh.cp
+    per_token = x["atom_to_token"].sum(0)
+    expected = balanced_token_bounds(per_token, cp0, cp1=cp1, pair_weight=0.5)
+    even = (0, *itertools.accumulate(len(b) for b in torch.arange(40).tensor_split(cp0)))
+    assert tuple(expected) != even, "the sample must balance differently from the even split"
+    options = ShardingOptions(balance=BalanceOptions(mode="balanced", pair_weight=0.5), **padding)
+    source = x if fold_mesh.is_domain_source else None
+    sharded = scatter_features(source, fold_mesh, options=options)
+    explicit = scatter_features(source, fold_mesh, token_bounds=expected, **padding)
+    problems = []
+    if sharded.plan.token_bounds != tuple(expected):
+        problems.append(f"plan bounds {sharded.plan.token_bounds} != balanced {expected}")
+    i = fold_mesh.domain_coordinate[0]
+    row_atoms = int(per_token[expected[i] : expected[i + 1]].sum())
+    if int(sharded["atom_pad_mask"].to_local().sum()) != row_atoms:
+        problems.append(f"row {i} does not hold the {row_atoms} atoms of its balanced tokens")
+    for name in x:
+        ours, theirs = sharded[name].to_local(), explicit[name].to_local()
+        if not (ours.dtype == theirs.dtype and torch.equal(ours, theirs)):
+            problems.append(f"{name}: local block differs from the explicit-bounds scatter")
+    gathered = gather_features(sharded)
+    problems += [
+        k
+        for k, v in x.items()
+        if not (gathered[k].dtype == v.dtype and torch.equal(gathered[k], v))
+    ]
+    collective_assert(not problems, "; ".join(map(str, problems[:6])))
+
+
+@pytest.mark.parametrize(
+    "fold_mesh", [(1, 2, 2), (1, 2, 3)], indirect=True, ids=lambda s: mesh_id(map(str, s))
+)
+def test_invalid_options_raise_on_every_rank(fold_mesh):
+    x = sample("boltz2", seed=1, n_tokens=13)
+    source = x if fold_mesh.is_domain_source else None
+    # Bad options on one rank only (not the source): every rank raises its error.
+    bad = {"token_multiple": 0} if fold_mesh.domain_rank == 1 else {}
+    with pytest.raises(ValueError, match=r"token_multiple must be an integer >= 1, got 0"):
+        scatter_features(source, fold_mesh, **bad)
+    # An old keyword that contradicts the options.
+    with pytest.raises(ValueError, match=r"atom_multiple=8 contradicts options.atom_multiple=32"):
+        scatter_features(
+            source, fold_mesh, options=ShardingOptions(atom_multiple=32), atom_multiple=8
+        )
+    # The group is still in step.
+    sharded = scatter_features(source, fold_mesh, options=ShardingOptions(atom_multiple=32))
+    collective_assert(
+        torch.equal(gather_features(sharded)["ref_pos"], x["ref_pos"]), "scatter after an error"
+    )

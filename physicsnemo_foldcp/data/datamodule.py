@@ -14,9 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from physicsnemo_foldcp.data.loader import ShardedLoader
+from physicsnemo_foldcp.data.loader import (
+    ShardedLoader,
+    check_fetch_options,
+    loader_sharding_options,
+)
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.registry import FeatureRegistry
+from physicsnemo_foldcp.sharding.options import ShardingOptions
 
 STAGES = ("fit", "validate", "test", "predict")
 """Stages of :meth:`FoldCPDataModule.setup` (Lightning's names)."""
@@ -42,6 +47,8 @@ class FoldCPDataModule:
         Serial test dataset.
     registry : FeatureRegistry, optional
         Axis meanings of the features; the Boltz-2 preset by default.
+    options : ShardingOptions, optional
+        How every sample is sharded, for every loader (see :class:`ShardedLoader`).
     seed : int, default 0
         Seed of the training order (the same on every rank).
     shuffle : bool, default True
@@ -62,14 +69,13 @@ class FoldCPDataModule:
         Failed samples tolerated per pass with ``on_error="skip"``.
     record_key : str or None, default "record_id"
         Sample entry reported as the record id.
-    token_multiple, atom_multiple : int, default 1
-        Per-shard padding multiples.
-    align_lengths : bool, default False
-        Pad axes of one meaning to the longest.
-    method : {"p2p", "scatter_tensor"}, default "p2p"
-        Scatter transport.
     scatter_options : Mapping[str, Any], optional
-        Further :func:`~physicsnemo_foldcp.sharding.scatter.scatter_features` arguments.
+        Older form of ``options`` (see :class:`ShardedLoader`).
+    **sharding_aliases
+        The options one by one (``token_multiple=``, ``method=``, ``balance=``, ...),
+        merged into ``options`` as :class:`ShardedLoader` does.
+
+    All options are checked here, by the loader's own checks, before any loader is built.
 
     Examples
     --------
@@ -88,6 +94,7 @@ class FoldCPDataModule:
         *,
         test_dataset: Any = None,
         registry: FeatureRegistry | None = None,
+        options: ShardingOptions | None = None,
         seed: int = 0,
         shuffle: bool = True,
         remainder: str = "wrap",
@@ -98,11 +105,8 @@ class FoldCPDataModule:
         on_error: str = "raise",
         max_skips: int = 10,
         record_key: str | None = "record_id",
-        token_multiple: int = 1,
-        atom_multiple: int = 1,
-        align_lengths: bool = False,
-        method: str = "p2p",
         scatter_options: Mapping[str, Any] | None = None,
+        **sharding_aliases: Any,
     ):
         if mesh is None:
             raise TypeError(
@@ -115,25 +119,30 @@ class FoldCPDataModule:
             "test": test_dataset,
             "predict": predict_dataset,
         }
-        self.registry = registry if registry is not None else FeatureRegistry.preset("boltz2")
-        self.seed = seed
-        self.shuffle = shuffle
-        self.remainder = remainder
-        self.loader_options: dict[str, Any] = {
-            "registry": self.registry,
+        fetch: dict[str, Any] = {
             "num_workers": num_workers,
             "prefetch_factor": prefetch_factor,
             "fetch_timeout_s": fetch_timeout_s,
             "dataloader_kwargs": dict(dataloader_kwargs or {}),
             "on_error": on_error,
             "max_skips": max_skips,
-            "record_key": record_key,
-            "token_multiple": token_multiple,
-            "atom_multiple": atom_multiple,
-            "align_lengths": align_lengths,
-            "method": method,
-            "scatter_options": dict(scatter_options or {}),
         }
+        check_fetch_options(**fetch)
+        self.options, token_bounds = loader_sharding_options(
+            options, scatter_options, sharding_aliases, caller="FoldCPDataModule"
+        )
+        self.registry = registry if registry is not None else FeatureRegistry.preset("boltz2")
+        self.seed = seed
+        self.shuffle = shuffle
+        self.remainder = remainder
+        self.loader_options: dict[str, Any] = {
+            "registry": self.registry,
+            "options": self.options,
+            "record_key": record_key,
+            **fetch,
+        }
+        if token_bounds is not None:
+            self.loader_options["scatter_options"] = {"token_bounds": token_bounds}
         self._loaders: dict[str, ShardedLoader] = {}
         self._pending_state: dict[str, Any] = {}
 

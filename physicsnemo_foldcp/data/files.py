@@ -24,8 +24,8 @@ import torch
 from torch.utils.data import Dataset
 
 from physicsnemo_foldcp.features.registry import FeatureRegistry, UnknownFeatureError
-from physicsnemo_foldcp.sharding.layout import prepare_sample
-from physicsnemo_foldcp.sharding.plan import FeatureValidationError
+from physicsnemo_foldcp.sharding.prepare import prepare_sample
+from physicsnemo_foldcp.sharding.validation import FeatureValidationError
 
 SAMPLE_SUFFIXES = (".pt", ".npz")
 """File suffixes that hold one sample each."""

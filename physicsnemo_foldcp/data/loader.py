@@ -50,7 +50,7 @@ from physicsnemo_foldcp.data.sampling import (
 from physicsnemo_foldcp.distributed.errors import ErrorPayload, RemoteTraceback
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.sharding.balance import BALANCE_MODES, plan_token_bounds
+from physicsnemo_foldcp.sharding.options import ShardingOptions, resolve_options
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures, scatter_features
 
 logger = logging.getLogger("physicsnemo_foldcp.data")
@@ -76,6 +76,100 @@ _RESERVED_DATALOADER_KWARGS = frozenset(
         "persistent_workers",
     }
 )
+
+
+def check_fetch_options(
+    *,
+    on_error: str,
+    max_skips: int,
+    num_workers: int,
+    prefetch_factor: int | None,
+    fetch_timeout_s: float | None,
+    dataloader_kwargs: Mapping[str, Any] | None,
+) -> None:
+    """Check how a source rank fetches samples (see :class:`ShardedLoader`); raise if invalid.
+
+    Raises
+    ------
+    ValueError
+        Naming the option and the value at fault.
+    """
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
+        raise ValueError(f"max_skips must be an integer >= 0, got {max_skips!r}")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+    if num_workers == 0 and (prefetch_factor is not None or fetch_timeout_s is not None):
+        raise ValueError(
+            "prefetch_factor and fetch_timeout_s apply to DataLoader workers; set "
+            "num_workers > 0 to use them"
+        )
+    if fetch_timeout_s is not None and fetch_timeout_s <= 0:
+        raise ValueError(f"fetch_timeout_s must be > 0, got {fetch_timeout_s}")
+    reserved = _RESERVED_DATALOADER_KWARGS & set(dataloader_kwargs or {})
+    if reserved:
+        raise ValueError(
+            f"dataloader_kwargs may not set {sorted(reserved)}: the loader controls them "
+            "(use num_workers / prefetch_factor / fetch_timeout_s for those)"
+        )
+
+
+def loader_sharding_options(
+    options: ShardingOptions | Mapping[str, Any] | None,
+    scatter_options: Mapping[str, Any] | None = None,
+    aliases: Mapping[str, Any] | None = None,
+    *,
+    caller: str = "ShardedLoader",
+) -> tuple[ShardingOptions, tuple[int, ...] | None]:
+    """The sharding options of a loader, from ``options`` and the older ways to give them.
+
+    Parameters
+    ----------
+    options : ShardingOptions, Mapping or None
+        The options (the defaults when ``None``).
+    scatter_options : Mapping[str, Any], optional
+        Older form: further :func:`scatter_features` keywords; the option names among them
+        are merged into ``options``, ``token_bounds`` (fixed row blocks for every sample)
+        is kept apart.
+    aliases : Mapping[str, Any], optional
+        The options one by one (``token_multiple=``, ``balance=``, ...).
+    caller : str
+        Name for the messages.
+
+    Returns
+    -------
+    tuple[ShardingOptions, tuple[int, ...] or None]
+        The options every scatter of the loader uses, and the fixed ``token_bounds``.
+
+    Raises
+    ------
+    ValueError
+        For ``scatter_options`` that set what the loader sets itself, an alias given twice
+        with different values, fixed ``token_bounds`` with a balanced mode, or an invalid
+        option.
+    """
+    scatter_options = dict(scatter_options or {})
+    aliases = dict(aliases or {})
+    clash = {"registry", "error", "mesh", "features", "options"} & set(scatter_options)
+    if clash:
+        raise ValueError(f"scatter_options may not set {sorted(clash)}")
+    token_bounds = scatter_options.pop("token_bounds", None)
+    twice = sorted(
+        k for k in set(scatter_options) & set(aliases) if scatter_options[k] != aliases[k]
+    )
+    if twice:
+        raise ValueError(
+            f"{caller}: {twice} given both as arguments and in scatter_options, with different "
+            "values; give each option once (in options)"
+        )
+    resolved = resolve_options(options, {**scatter_options, **aliases}, caller=caller)
+    if resolved.balance.mode != "even" and token_bounds is not None:
+        raise ValueError(
+            f"balance.mode={resolved.balance.mode!r} computes token_bounds per sample; do not "
+            "also pass scatter_options['token_bounds']"
+        )
+    return resolved, None if token_bounds is None else tuple(int(b) for b in token_bounds)
 
 
 class SkipLimitError(RuntimeError):
@@ -311,6 +405,10 @@ class ShardedLoader:
         order, padding steps flagged).
     registry : FeatureRegistry, optional
         Axis meanings of the features; the Boltz-2 preset by default.
+    options : ShardingOptions, optional
+        How every sample is sharded (:func:`scatter_features`); the defaults when omitted.
+        With ``balance.mode == "balanced"`` the source rank computes each sample's row
+        blocks in the scatter (an error there reaches every rank like a failed fetch).
     seed : int, default 0
         Seed of the training order; must be the same on every rank of the job.
     shuffle : bool, default True
@@ -341,24 +439,20 @@ class ShardedLoader:
         raises :class:`SkipLimitError` on every rank of the domain group.
     record_key : str or None, default "record_id"
         Non-tensor sample entry reported as :attr:`ShardedSample.record_id`.
-    token_multiple, atom_multiple : int, default 1
-        Per-shard padding multiples (see :func:`scatter_features`).
-    align_lengths : bool, default False
-        See :func:`scatter_features`.
-    method : {"p2p", "scatter_tensor"}, default "p2p"
-        Transport of :func:`scatter_features`.
-    balance : {"even", "balanced"}, default "even"
-        Row blocks of each sample: equal token counts, or boundaries that balance the
-        cost model of :func:`physicsnemo_foldcp.sharding.balance.balanced_token_bounds`, computed
-        on the source rank for every sample (an error there reaches every rank like a
-        failed fetch).
-    pair_weight, atom_weight : float, default 0.0, 1.0
-        Weights of the ``"balanced"`` cost model (pair tile, atoms).
     scatter_options : Mapping[str, Any], optional
-        Further keyword arguments for :func:`scatter_features` (e.g. ``map_layout``).
+        Older form of ``options``: :func:`scatter_features` keywords (``map_layout``,
+        ...), merged into ``options``; ``token_bounds`` there fixes the row blocks of
+        every sample (even balance only).
+    **sharding_aliases
+        The options one by one, as before ``options`` existed: ``token_multiple``,
+        ``atom_multiple``, ``align_lengths``, ``method``, ``map_layout``, ``balance``
+        (a mode name), ``pair_weight``, ``atom_weight``; merged into ``options``
+        (:func:`loader_sharding_options`).
 
     Attributes
     ----------
+    options : ShardingOptions
+        The options of every scatter.
     sampler : EpochSampler
         Current epoch and position; ``sampler.set_epoch`` is what Lightning calls.
     skipped : list[SkippedSample]
@@ -381,6 +475,7 @@ class ShardedLoader:
         *,
         mode: str = "train",
         registry: FeatureRegistry | None = None,
+        options: ShardingOptions | None = None,
         seed: int = 0,
         shuffle: bool = True,
         remainder: str = "wrap",
@@ -391,47 +486,22 @@ class ShardedLoader:
         on_error: str = "raise",
         max_skips: int = 10,
         record_key: str | None = "record_id",
-        token_multiple: int = 1,
-        atom_multiple: int = 1,
-        align_lengths: bool = False,
-        method: str = "p2p",
-        balance: str = "even",
-        pair_weight: float = 0.0,
-        atom_weight: float = 1.0,
         scatter_options: Mapping[str, Any] | None = None,
+        **sharding_aliases: Any,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
-            raise ValueError(f"max_skips must be an integer >= 0, got {max_skips!r}")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
-        if num_workers == 0 and (prefetch_factor is not None or fetch_timeout_s is not None):
-            raise ValueError(
-                "prefetch_factor and fetch_timeout_s apply to DataLoader workers; set "
-                "num_workers > 0 to use them"
-            )
-        if fetch_timeout_s is not None and fetch_timeout_s <= 0:
-            raise ValueError(f"fetch_timeout_s must be > 0, got {fetch_timeout_s}")
-        reserved = _RESERVED_DATALOADER_KWARGS & set(dataloader_kwargs or {})
-        if reserved:
-            raise ValueError(
-                f"dataloader_kwargs may not set {sorted(reserved)}: the loader controls them "
-                "(use num_workers / prefetch_factor / fetch_timeout_s for those)"
-            )
-        scatter_options = dict(scatter_options or {})
-        clash = {"registry", "error", "mesh", "features"} & set(scatter_options)
-        if clash:
-            raise ValueError(f"scatter_options may not set {sorted(clash)}")
-        if balance not in BALANCE_MODES:
-            raise ValueError(f"balance must be one of {BALANCE_MODES}, got {balance!r}")
-        if balance != "even" and "token_bounds" in scatter_options:
-            raise ValueError(
-                f"balance={balance!r} computes token_bounds per sample; do not also pass "
-                "scatter_options['token_bounds']"
-            )
+        check_fetch_options(
+            on_error=on_error,
+            max_skips=max_skips,
+            num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            fetch_timeout_s=fetch_timeout_s,
+            dataloader_kwargs=dataloader_kwargs,
+        )
+        self.options, self._token_bounds = loader_sharding_options(
+            options, scatter_options, sharding_aliases
+        )
         try:
             length = len(dataset)
         except TypeError as err:
@@ -463,14 +533,6 @@ class ShardedLoader:
         self.on_error = on_error
         self.max_skips = max_skips
         self.record_key = record_key
-        self.scatter_options: dict[str, Any] = {
-            "token_multiple": token_multiple,
-            "atom_multiple": atom_multiple,
-            "align_lengths": align_lengths,
-            "method": method,
-            **scatter_options,
-        }
-        self.balance = {"balance": balance, "pair_weight": pair_weight, "atom_weight": atom_weight}
         self.skipped: list[SkippedSample] = []
 
     # -- position ---------------------------------------------------------------------------
@@ -592,20 +654,14 @@ class ShardedLoader:
                     sample, error = stream.next(index, mesh.rank)
                 else:
                     sample, error = self._fetch_now(index)
-            bounds = None
-            if sample is not None and error is None and self.balance["balance"] != "even":
-                try:
-                    bounds = plan_token_bounds(sample, mesh.cp, **self.balance)
-                except Exception as err:  # noqa: BLE001 - raised on every rank by the scatter
-                    error = err
-            options = (
-                self.scatter_options
-                if bounds is None
-                else {**self.scatter_options, "token_bounds": bounds}
-            )
             try:
                 features = scatter_features(
-                    sample, mesh, registry=self.registry, error=error, **options
+                    sample,
+                    mesh,
+                    registry=self.registry,
+                    options=self.options,
+                    token_bounds=self._token_bounds,
+                    error=error,
                 )
             except Exception as err:
                 if self.on_error == "raise" or not _skippable(err):
@@ -663,6 +719,8 @@ __all__ = [
     "MODES",
     "ON_ERROR",
     "LoaderConfigError",
+    "check_fetch_options",
+    "loader_sharding_options",
     "SerialLoaderError",
     "ShardedLoader",
     "ShardedSample",

@@ -8,7 +8,7 @@ Every op handler of this package works on the local blocks of ShardTensors over 
 * a *pair tile* ``[B, N, M, ...]`` is ``(Shard(d), Shard(d + 1))``: rank ``(i, j)`` holds
   the rows of row block ``i`` and the columns of column block ``j``. Column blocks are the
   row blocks when ``cp0 == cp1``, otherwise the padded length split into ``cp1`` blocks
-  that differ by at most one (:meth:`physicsnemo_foldcp.sharding.plan.ShardingPlan.column_sizes`).
+  that differ by at most one (:func:`physicsnemo_foldcp.sharding.plan.column_block_sizes`).
 
 Collectives are the functional collectives of :mod:`physicsnemo_foldcp.ops.compat` on a
 ``(mesh, mesh_dim)`` group, so ``CommDebugMode`` counts them.
@@ -26,7 +26,6 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
 from physicsnemo_foldcp.ops import compat
-from physicsnemo_foldcp.sharding.plan import split_sizes
 
 ROWS = 0
 """Mesh dim of the token row blocks (``cp0``)."""
@@ -128,13 +127,6 @@ def mesh_sizes(x: ShardTensor, mesh_dim: int, dim: int) -> list[int]:
 def block(sizes: Sequence[int], index: int) -> tuple[int, int]:
     """``(start, length)`` of block ``index`` of consecutive blocks of ``sizes``."""
     return int(sum(sizes[:index])), int(sizes[index])
-
-
-def column_sizes(row_sizes: Sequence[int], cp1: int) -> list[int]:
-    """Column blocks of a pair tile (the plan's rule): the row blocks when ``cp0 == cp1``."""
-    if cp1 == len(row_sizes):
-        return [int(s) for s in row_sizes]
-    return split_sizes(int(sum(row_sizes)), cp1)
 
 
 def coordinate(mesh: DeviceMesh) -> tuple[int, int]:

@@ -48,7 +48,6 @@ from physicsnemo_foldcp.ops._blocks import (
     ShardingLayoutError,
     SumToReplicate,
     all_reduce,
-    column_sizes,
     describe,
     gather_blocks,
     local_of,
@@ -56,6 +55,7 @@ from physicsnemo_foldcp.ops._blocks import (
     reduce_scatter_blocks,
 )
 from physicsnemo_foldcp.ops.tensor import wrap
+from physicsnemo_foldcp.sharding.plan import column_block_sizes
 
 OutDim = Callable[[int, int], "int | None"]
 Label = Callable[[int, int], "str | None"]
@@ -348,7 +348,7 @@ def _promote_tile(decision: _Decision, conflicts: dict, mesh: DeviceMesh) -> Non
     if any(o.is_partial(1) for o, _, _ in rest):
         return
     rows = sizes.pop()
-    decision.out[1] = (ods.pop(), tuple(column_sizes(rows, mesh.size(1))))
+    decision.out[1] = (ods.pop(), tuple(column_block_sizes(rows, mesh.size(1))))
     for o, _, _ in rest:
         decision.gather[(o.index, 0)] = events.TILE
         decision.reasons[(o.index, 0)] = "columns of the pair tile"

@@ -41,7 +41,6 @@ from physicsnemo_foldcp.ops._blocks import (
     RowsAndColumns,
     ShardingLayoutError,
     block,
-    column_sizes,
     coordinate,
     describe,
     local_of,
@@ -54,6 +53,7 @@ from physicsnemo_foldcp.ops.compat import global_shape, local_tensor, sharding_s
 from physicsnemo_foldcp.ops.dispatch import register_own
 from physicsnemo_foldcp.ops.tags import ViewTag
 from physicsnemo_foldcp.ops.tensor import tag_of, view_tag, wrap
+from physicsnemo_foldcp.sharding.plan import column_block_sizes
 
 RELPOS_KEYS = ("residue_index", "token_index", "asym_id", "entity_id", "sym_id")
 """Order of the token features of :func:`relative_position_encoding`."""
@@ -120,7 +120,7 @@ def pair_from_singles(
     i, j = coordinate(mesh)
     a_sizes = mesh_sizes(a, ROWS, token_dim)
     b_sizes = mesh_sizes(b, ROWS, token_dim)
-    col_sizes = column_sizes(b_sizes, mesh.size(COLUMNS))
+    col_sizes = column_block_sizes(b_sizes, mesh.size(COLUMNS))
     col_block = block(col_sizes, j)
     a_local, b_local = local_of(a), local_of(b)
     rows, columns = RowsAndColumns.apply(

@@ -9,23 +9,25 @@ places the ``cp0 - 1`` boundaries to minimise the largest per-rank cost of a lin
 
 for the rank at domain coordinate ``(i, j)``, where ``N_i`` and ``A_i`` are the tokens
 and atoms of row block ``i`` and ``C_j`` the tokens of column block ``j`` (the row blocks
-themselves when ``cp0 == cp1``, an even split of the token axis otherwise, as in
-:meth:`physicsnemo_foldcp.sharding.plan.ShardingPlan.column_sizes`). Blocks stay contiguous, so
+themselves when ``cp0 == cp1``, an even split of the token axis otherwise: the plan's rule,
+:func:`physicsnemo_foldcp.sharding.plan.column_block_sizes`). Blocks stay contiguous, so
 atoms still follow their tokens. The minimum is exact (dynamic programming over prefix
 sums); :func:`plan_cost` evaluates any set of boundaries with the same model.
 
-Use it on the source rank of a domain group, where the sample is::
+The scatter applies it itself: with ``ShardingOptions(balance=BalanceOptions(mode="balanced"))``
+the source rank computes the boundaries of every sample (:func:`token_bounds_for`)::
+
+    options = ShardingOptions(balance=BalanceOptions(mode="balanced", pair_weight=0.5))
+    sharded = scatter_features(sample, mesh, options=options)
+
+Called directly, on the source rank of a domain group, where the sample is::
 
     bounds = balanced_token_bounds(atoms_per_token(sample), cp0, cp1=cp1)
     sharded = scatter_features(sample, mesh, token_bounds=bounds)
-
-or through :func:`plan_token_bounds`, which also accepts ``balance="even"`` (the default
-split, ``None``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,38 +35,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from physicsnemo_foldcp.sharding.options import (
+    BALANCE_MODES,
+    BalanceOptions,
+    resolve_options,
+)
 from physicsnemo_foldcp.sharding.plan import (
-    FeatureValidationError,
-    atom_tokens_from_map,
+    check_token_bounds,
+    column_block_sizes,
+    even_token_bounds,
     split_sizes,
 )
-
-BALANCE_MODES = ("even", "balanced")
-"""Row-block strategies of :func:`plan_token_bounds`."""
-
-
-def even_token_bounds(n_tokens: int, cp0: int) -> tuple[int, ...]:
-    """The default boundaries: ``cp0`` blocks whose token counts differ by at most one.
-
-    Parameters
-    ----------
-    n_tokens : int
-        Token count N.
-    cp0 : int
-        Number of row blocks.
-
-    Returns
-    -------
-    tuple[int, ...]
-        ``cp0 + 1`` boundaries from 0 to N (what :func:`physicsnemo_foldcp.sharding.plan.build_plan`
-        uses when given none).
-    """
-    if cp0 < 1:
-        raise ValueError(f"cp0 must be >= 1, got {cp0}")
-    out = [0]
-    for size in split_sizes(int(n_tokens), cp0):
-        out.append(out[-1] + size)
-    return tuple(out)
+from physicsnemo_foldcp.sharding.validation import FeatureValidationError, atom_tokens_from_map
 
 
 def atoms_per_token(features: Mapping[str, Any], map_name: str = "atom_to_token") -> torch.Tensor:
@@ -140,18 +122,8 @@ def _check_counts(atoms: torch.Tensor) -> torch.Tensor:
 
 
 def _check_weights(pair_weight: float, atom_weight: float) -> None:
-    for label, w in (("pair_weight", pair_weight), ("atom_weight", atom_weight)):
-        if not math.isfinite(float(w)) or float(w) < 0:
-            raise ValueError(f"{label} must be a finite number >= 0, got {w!r}")
-    if float(pair_weight) == 0 and float(atom_weight) == 0:
-        raise ValueError("pair_weight and atom_weight are both 0: there is nothing to balance")
-
-
-def _column_sizes(n_tokens: int, row_tokens: Sequence[int], cp: tuple[int, int]) -> list[int]:
-    """Token columns per ``cp1`` block, as the plan makes them (no per-shard padding)."""
-    if cp[1] == cp[0]:
-        return list(row_tokens)
-    return split_sizes(n_tokens, cp[1])
+    """The weights' checks are :class:`BalanceOptions`'s own."""
+    BalanceOptions(mode="balanced", pair_weight=pair_weight, atom_weight=atom_weight)
 
 
 def _min_max_partition(
@@ -281,7 +253,7 @@ def balanced_token_bounds(
     pair_weight = float(pair_weight)
     if pair_weight == 0.0 or cp1 != cp0:
         # The widest column block does not depend on the rows: the cost is additive.
-        widest = max(split_sizes(n, cp1)) if cp1 != cp0 else 0
+        widest = max(column_block_sizes(split_sizes(n, cp0), cp1)) if cp1 != cp0 else 0
         costs = atom_cost + pair_weight * widest
         optimum, table = _min_max_partition(costs, cp0, n)
         return _reconstruct(costs, table, n, optimum)
@@ -417,17 +389,8 @@ def plan_cost(
     atoms = _check_counts(atoms_per_token)
     _check_weights(pair_weight, atom_weight)
     cp = (int(cp[0]), int(cp[1]))
-    bounds = tuple(int(b) for b in token_bounds)
     n = atoms.numel()
-    if (
-        len(bounds) != cp[0] + 1
-        or bounds[0] != 0
-        or bounds[-1] != n
-        or any(b > c for b, c in zip(bounds, bounds[1:]))
-    ):
-        raise ValueError(
-            f"token_bounds {bounds} must be {cp[0] + 1} non-decreasing boundaries from 0 to N={n}"
-        )
+    bounds = check_token_bounds(token_bounds, cp[0], n)
     prefix = [0] + torch.cumsum(atoms, 0).tolist()
     row_tokens = tuple(bounds[i + 1] - bounds[i] for i in range(cp[0]))
     row_atoms = tuple(int(prefix[bounds[i + 1]] - prefix[bounds[i]]) for i in range(cp[0]))
@@ -436,9 +399,41 @@ def plan_cost(
         token_bounds=bounds,
         row_tokens=row_tokens,
         row_atoms=row_atoms,
-        column_tokens=tuple(_column_sizes(n, row_tokens, cp)),
+        column_tokens=tuple(column_block_sizes(row_tokens, cp[1])),
         pair_weight=float(pair_weight),
         atom_weight=float(atom_weight),
+    )
+
+
+def token_bounds_for(
+    atoms_per_token: torch.Tensor, cp: tuple[int, int], balance: BalanceOptions
+) -> tuple[int, ...] | None:
+    """Row-block boundaries of one sample under ``balance`` (what the scatter's source uses).
+
+    Parameters
+    ----------
+    atoms_per_token : torch.Tensor
+        int ``[N]`` atoms of each token (zeros for a sample without atoms: the pair term,
+        or else the even split, decides).
+    cp : tuple[int, int]
+        ``(cp0, cp1)``.
+    balance : BalanceOptions
+        The strategy and the weights of its cost model.
+
+    Returns
+    -------
+    tuple[int, ...] or None
+        ``None`` for ``mode="even"`` (the plan's default split); otherwise
+        :func:`balanced_token_bounds` with the options' weights.
+    """
+    if balance.mode == "even":
+        return None
+    return balanced_token_bounds(
+        atoms_per_token,
+        int(cp[0]),
+        cp1=int(cp[1]),
+        pair_weight=balance.pair_weight,
+        atom_weight=balance.atom_weight,
     )
 
 
@@ -446,9 +441,9 @@ def plan_token_bounds(
     features: Mapping[str, Any],
     cp: tuple[int, int],
     *,
-    balance: str = "even",
-    pair_weight: float = 0.0,
-    atom_weight: float = 1.0,
+    balance: str | BalanceOptions = "even",
+    pair_weight: float | None = None,
+    atom_weight: float | None = None,
 ) -> tuple[int, ...] | None:
     """Row-block boundaries for one sample by strategy name (the config hook).
 
@@ -458,28 +453,23 @@ def plan_token_bounds(
         The serial sample (source rank), holding ``atom_to_token``.
     cp : tuple[int, int]
         ``(cp0, cp1)``.
-    balance : {"even", "balanced"}, default "even"
+    balance : {"even", "balanced"} or BalanceOptions, default "even"
         ``"even"``: ``None``, the plan's default split of equal token counts;
         ``"balanced"``: :func:`balanced_token_bounds` with the given weights.
-    pair_weight, atom_weight : float
-        Weights for ``"balanced"``.
+    pair_weight, atom_weight : float, optional
+        Weights for ``"balanced"`` (:class:`BalanceOptions`' defaults when omitted).
 
     Returns
     -------
     tuple[int, ...] or None
         ``token_bounds`` for :func:`physicsnemo_foldcp.scatter_features`.
     """
-    if balance not in BALANCE_MODES:
-        raise ValueError(f"balance must be one of {BALANCE_MODES}, got {balance!r}")
-    if balance == "even":
+    aliases = {"balance": balance, "pair_weight": pair_weight, "atom_weight": atom_weight}
+    aliases = {k: v for k, v in aliases.items() if v is not None}
+    options = resolve_options(None, aliases, caller="plan_token_bounds").balance
+    if options.mode == "even":
         return None
-    return balanced_token_bounds(
-        atoms_per_token(features),
-        int(cp[0]),
-        cp1=int(cp[1]),
-        pair_weight=pair_weight,
-        atom_weight=atom_weight,
-    )
+    return token_bounds_for(atoms_per_token(features), cp, options)
 
 
 __all__ = [
@@ -490,4 +480,5 @@ __all__ = [
     "even_token_bounds",
     "plan_cost",
     "plan_token_bounds",
+    "token_bounds_for",
 ]

@@ -8,6 +8,7 @@ the only ones: the config group's YAML and every function read them from this mo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -22,7 +23,8 @@ METHODS = ("p2p", "scatter_tensor")
 """Transports of the scatter: the true scatter, or PhysicsNeMo's broadcast baseline."""
 
 
-def _positive_int(name: str, value: Any) -> int:
+def positive_int(name: str, value: Any) -> int:
+    """``value`` if it is an integer >= 1 (not a bool); else a ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return value
@@ -59,10 +61,18 @@ class BalanceOptions:
         _choice("balance.mode", self.mode, BALANCE_MODES)
         for name in ("pair_weight", "atom_weight"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"balance.{name} must be a number >= 0, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ValueError(f"balance.{name} must be a finite number >= 0, got {value!r}")
         if self.pair_weight == 0 and self.atom_weight == 0:
-            raise ValueError("balance.pair_weight and balance.atom_weight cannot both be 0")
+            raise ValueError(
+                "balance.pair_weight and balance.atom_weight are both 0: there is nothing to "
+                "balance"
+            )
 
 
 @dataclass(frozen=True)
@@ -97,8 +107,8 @@ class ShardingOptions:
     method: str = "p2p"
 
     def __post_init__(self) -> None:
-        _positive_int("token_multiple", self.token_multiple)
-        _positive_int("atom_multiple", self.atom_multiple)
+        positive_int("token_multiple", self.token_multiple)
+        positive_int("atom_multiple", self.atom_multiple)
         if not isinstance(self.align_lengths, bool):
             raise ValueError(f"align_lengths must be a bool, got {self.align_lengths!r}")
         if isinstance(self.balance, Mapping):
@@ -136,4 +146,122 @@ class ShardingOptions:
         return asdict(self)
 
 
-__all__ = ["BALANCE_MODES", "MAP_LAYOUTS", "METHODS", "BalanceOptions", "ShardingOptions"]
+OPTION_ALIASES: dict[str, str] = {
+    "token_multiple": "token_multiple",
+    "atom_multiple": "atom_multiple",
+    "align_lengths": "align_lengths",
+    "map_layout": "map_layout",
+    "method": "method",
+    "balance": "balance",
+    "pair_weight": "balance.pair_weight",
+    "atom_weight": "balance.atom_weight",
+}
+"""Keyword arguments of the functions that took the options one by one -> the field they set.
+
+``balance`` takes a mode name (sets ``balance.mode``), a :class:`BalanceOptions` or a
+mapping of its fields (sets ``balance``).
+"""
+
+
+def _alias_value(name: str, value: Any, current: ShardingOptions) -> tuple[str, Any, Any]:
+    """``(field, value to set, value the options hold)`` of one alias, the value checked."""
+    if name == "balance":
+        if isinstance(value, str):
+            return "balance.mode", _choice("balance", value, BALANCE_MODES), current.balance.mode
+        if isinstance(value, Mapping):
+            value = BalanceOptions(**value)
+        if not isinstance(value, BalanceOptions):
+            raise ValueError(
+                f"balance must be a mode name {BALANCE_MODES}, BalanceOptions or a mapping, "
+                f"got {value!r}"
+            )
+        return "balance", value, current.balance
+    field_name = OPTION_ALIASES[name]
+    holder: Any = current
+    for part in field_name.split("."):
+        holder = getattr(holder, part)
+    return field_name, value, holder
+
+
+def resolve_options(
+    options: ShardingOptions | Mapping[str, Any] | None,
+    aliases: Mapping[str, Any] | None = None,
+    *,
+    caller: str = "scatter_features",
+) -> ShardingOptions:
+    """The options a call runs with: ``options`` (or the defaults) and its keyword aliases.
+
+    The functions that took the sharding options one by one (``token_multiple=``,
+    ``map_layout=``, ``balance=``, ...) keep those keywords as aliases of the fields of
+    :class:`ShardingOptions` (:data:`OPTION_ALIASES`); this merges them in, in one place.
+
+    Parameters
+    ----------
+    options : ShardingOptions, Mapping or None
+        The options given (a mapping is read by :meth:`ShardingOptions.from_mapping`);
+        ``None`` means the defaults.
+    aliases : Mapping[str, Any], optional
+        The old keyword arguments the call received.
+    caller : str, default "scatter_features"
+        Name of the function, for the messages.
+
+    Returns
+    -------
+    ShardingOptions
+        ``options`` with every alias applied.
+
+    Raises
+    ------
+    TypeError
+        For a keyword that is no alias, or ``options`` of another type.
+    ValueError
+        For an invalid value, or an alias that contradicts ``options`` given explicitly
+        (the same value given twice is accepted).
+    """
+    if options is None:
+        current, explicit = ShardingOptions(), False
+    elif isinstance(options, ShardingOptions):
+        current, explicit = options, True
+    elif isinstance(options, Mapping):
+        current, explicit = ShardingOptions.from_mapping(options), True
+    else:
+        raise TypeError(
+            f"{caller}: options must be ShardingOptions or a mapping of its fields, got "
+            f"{type(options).__name__}"
+        )
+    aliases = dict(aliases or {})
+    unknown = sorted(set(aliases) - set(OPTION_ALIASES))
+    if unknown:
+        raise TypeError(
+            f"{caller}() got unexpected keyword argument(s) {unknown}; the sharding options "
+            f"are {sorted(OPTION_ALIASES)} (or options=ShardingOptions(...))"
+        )
+    if not aliases:
+        return current
+    values = current.to_dict()
+    for name in sorted(aliases, key=lambda n: n != "balance"):  # a whole balance first
+        field_name, value, held = _alias_value(name, aliases[name], current)
+        if explicit and value != held:
+            raise ValueError(
+                f"{caller}: {name}={aliases[name]!r} contradicts options.{field_name}="
+                f"{held!r}; give each option once (in options)"
+            )
+        if field_name == "balance":
+            values["balance"] = asdict(value)
+        elif field_name.startswith("balance."):
+            values["balance"][field_name.removeprefix("balance.")] = value
+        else:
+            values[field_name] = value
+    return ShardingOptions.from_mapping(values)
+
+
+__all__ = [
+    "BALANCE_MODES",
+    "MAP_LAYOUTS",
+    "METHODS",
+    "OPTION_ALIASES",
+    "BalanceOptions",
+    "ShardingOptions",
+    "positive_int",
+    "resolve_options",
+]

@@ -1,27 +1,55 @@
 """The sharding plan: which tokens, atoms and rows each rank of a ``cp0 x cp1`` mesh holds.
 
-Token row blocks go over ``cp0`` (contiguous, uneven allowed), token column blocks over
-``cp1``; each row block's atoms are exactly the atoms of its tokens (atoms follow their
-tokens), so atom<->token products are local. Optional per-shard padding rounds each row
-block's tokens and atoms up to a multiple; the resulting *padded layout* is the global
-layout of every sharded feature (``full_tensor()``), and :meth:`ShardingPlan.to_padded` /
-:meth:`ShardingPlan.from_padded` convert between it and the serial layout exactly.
+This module owns every geometric question, and nothing else (no validation of tensor
+values, no communication). Token row blocks go over ``cp0`` (contiguous, uneven allowed),
+token column blocks over ``cp1`` (:func:`column_block_sizes`); each row block's atoms are
+exactly the atoms of its tokens (atoms follow their tokens), so atom<->token products are
+local. Optional per-shard padding rounds each row block's tokens and atoms up to a
+multiple; the resulting *padded layout* is the global layout of every sharded feature
+(``full_tensor()``), and :meth:`ShardingPlan.to_padded` / :meth:`ShardingPlan.from_padded`
+convert between it and the serial layout exactly.
+
+:class:`ShardingPlan` answers, for any feature (its :class:`FeatureSpec` and padded shape)
+and any rank: its block's ranges (:meth:`~ShardingPlan.block_ranges`), the runs of real
+and inserted pad positions in them (:meth:`~ShardingPlan.layout_runs`,
+:meth:`~ShardingPlan.block_runs`, :meth:`~ShardingPlan.pad_elements`), its local shape and
+block (:meth:`~ShardingPlan.local_shape`, :meth:`~ShardingPlan.local_block`) and the
+sharding shapes of ``ShardTensor.from_local`` (:meth:`~ShardingPlan.sharding_shapes`).
 
 A plan is small, picklable, and the same on every rank of a domain group.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from physicsnemo_foldcp.features.spec import ATOMS, LAYOUT_AXES, MSA, RSET, TOKENS
+from physicsnemo_foldcp.features.spec import (
+    ATOMS,
+    LAYOUT_AXES,
+    MSA,
+    PASSTHROUGH,
+    RSET,
+    TOKENS,
+    FeatureSpec,
+)
+from physicsnemo_foldcp.sharding.options import positive_int
+from physicsnemo_foldcp.sharding.validation import FeatureValidationError
 
+Coordinate = tuple[int, int]
+"""Domain coordinate ``(i, j)`` of a rank: row block ``i`` over ``cp0``, column block ``j``."""
 
-class FeatureValidationError(ValueError):
-    """A feature dict that cannot be sharded as given; the message names what is wrong."""
+Range = tuple[int, int]
+"""``(start, stop)`` of a block along one dim."""
+
+RealRun = tuple[int, int, int]
+"""``(local offset, serial start, length)`` of a run of real positions in a block."""
+
+PadRun = tuple[int, int]
+"""``(local offset, length)`` of a run of positions the plan inserted (per-shard pads)."""
 
 
 def split_sizes(length: int, parts: int) -> list[int]:
@@ -33,6 +61,31 @@ def split_sizes(length: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
+def column_block_sizes(row_sizes: Sequence[int], cp1: int) -> list[int]:
+    """Token column blocks over ``cp1`` of a token axis cut into ``row_sizes`` row blocks.
+
+    The one rule for the second token axis of a pair tile: the column blocks are the row
+    blocks when ``cp0 == cp1`` (``len(row_sizes) == cp1``), so rank ``(i, i)`` holds a
+    diagonal tile; otherwise the (padded) token length ``sum(row_sizes)`` is split into
+    ``cp1`` blocks that differ by at most one (:func:`split_sizes`).
+
+    Parameters
+    ----------
+    row_sizes : Sequence[int]
+        Length of each of the ``cp0`` row blocks (padded layout, per-shard pads included).
+    cp1 : int
+        Number of column blocks.
+
+    Returns
+    -------
+    list[int]
+        ``cp1`` column block lengths summing to ``sum(row_sizes)``.
+    """
+    if cp1 == len(row_sizes):
+        return [int(s) for s in row_sizes]
+    return split_sizes(int(sum(row_sizes)), cp1)
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -42,6 +95,58 @@ def _bounds(sizes: Sequence[int]) -> tuple[int, ...]:
     for s in sizes:
         out.append(out[-1] + s)
     return tuple(out)
+
+
+def even_token_bounds(n_tokens: int, cp0: int) -> tuple[int, ...]:
+    """The default boundaries: ``cp0`` blocks whose token counts differ by at most one.
+
+    Parameters
+    ----------
+    n_tokens : int
+        Token count N.
+    cp0 : int
+        Number of row blocks.
+
+    Returns
+    -------
+    tuple[int, ...]
+        ``cp0 + 1`` boundaries from 0 to N (what :func:`build_plan` uses when given none).
+    """
+    if cp0 < 1:
+        raise ValueError(f"cp0 must be >= 1, got {cp0}")
+    return _bounds(split_sizes(int(n_tokens), cp0))
+
+
+def check_token_bounds(bounds: Sequence[int], cp0: int, n_tokens: int) -> tuple[int, ...]:
+    """``bounds`` as a tuple of ints, if they are ``cp0 + 1`` steps from 0 to N; else raise.
+
+    Raises
+    ------
+    ValueError
+        If the boundaries do not run from 0 to ``n_tokens`` in ``cp0`` non-decreasing steps.
+    """
+    out = tuple(int(b) for b in bounds)
+    if (
+        len(out) != cp0 + 1
+        or out[0] != 0
+        or out[-1] != n_tokens
+        or any(b > c for b, c in zip(out, out[1:]))
+    ):
+        raise ValueError(
+            f"token_bounds {out} must be {cp0 + 1} non-decreasing boundaries from 0 to N={n_tokens}"
+        )
+    return out
+
+
+def _dim_axes(spec: FeatureSpec, ndim: int) -> list[str | None]:
+    """Axis meaning of every dim of a feature in the padded layout.
+
+    ``None`` where the plan does not lay the dim out (a passed-through feature keeps its
+    serial layout).
+    """
+    if spec.mode == PASSTHROUGH:
+        return [None] * ndim
+    return list(spec.axes[:ndim])  # a compact (index-layout) map keeps its first axis
 
 
 @dataclass(frozen=True)
@@ -118,13 +223,11 @@ class ShardingPlan:
     def column_sizes(self) -> list[int]:
         """Local length of the token axis on each ``cp1`` column block.
 
-        The same blocks as the rows when ``cp0 == cp1``; otherwise the padded token axis
-        split into ``cp1`` blocks that differ by at most one.
+        :func:`column_block_sizes` of the padded token row blocks: the same blocks as the
+        rows when ``cp0 == cp1``; otherwise the padded token axis split into ``cp1`` blocks
+        that differ by at most one.
         """
-        rows = self.row_sizes(TOKENS)
-        if self.cp[1] == self.cp[0]:
-            return rows
-        return split_sizes(sum(rows), self.cp[1])
+        return column_block_sizes(self.row_sizes(TOKENS), self.cp[1])
 
     def sizes(self, axis: str, mesh_dim: int) -> list[int]:
         """Local lengths of ``axis`` over the blocks of ``mesh_dim`` (0: cp0, 1: cp1)."""
@@ -143,6 +246,181 @@ class ShardingPlan:
         """``(start, stop)`` of row block ``row`` of ``axis`` in the SERIAL layout."""
         b = self._serial_bounds(axis)
         return b[row], b[row + 1]
+
+    @property
+    def coordinates(self) -> list[Coordinate]:
+        """Domain coordinate of every rank, row-major (domain rank ``i * cp1 + j``)."""
+        return [(i, j) for i in range(self.cp[0]) for j in range(self.cp[1])]
+
+    # -- one feature's block on one rank ------------------------------------------------
+
+    def layout_runs(
+        self, axis: str | None, start: int, stop: int
+    ) -> tuple[list[RealRun], list[PadRun]]:
+        """Real and pad runs of the padded positions ``[start, stop)`` of one axis.
+
+        Parameters
+        ----------
+        axis : str or None
+            Axis meaning; an axis the plan does not pad (or ``None``) is one real run.
+        start, stop : int
+            Range in the padded layout (e.g. one block of :meth:`block_ranges`).
+
+        Returns
+        -------
+        tuple[list[RealRun], list[PadRun]]
+            ``(local offset, serial start, length)`` of every run of real positions and
+            ``(local offset, length)`` of every run of inserted pads, offsets from
+            ``start``, in order. Together they tile ``[0, stop - start)``.
+        """
+        if axis not in LAYOUT_AXES or not self.has_padding(axis):
+            return ([(0, start, stop - start)] if stop > start else []), []
+        real: list[RealRun] = []
+        pads: list[PadRun] = []
+        row_start = 0
+        for row, size in enumerate(self.row_sizes(axis)):
+            serial_start, serial_stop = self.serial_range(axis, row)
+            real_stop = row_start + serial_stop - serial_start
+            low, high = max(start, row_start), min(stop, real_stop)
+            if high > low:
+                real.append((low - start, serial_start + low - row_start, high - low))
+            low, high = max(start, real_stop), min(stop, row_start + size)
+            if high > low:
+                pads.append((low - start, high - low))
+            row_start += size
+        return real, pads
+
+    def real_count(self, axis: str | None, start: int, stop: int) -> int:
+        """Positions of ``[start, stop)`` of ``axis`` (padded layout) that are not pads."""
+        return sum(length for _, _, length in self.layout_runs(axis, start, stop)[0])
+
+    def padded_shape(self, spec: FeatureSpec, shape: Sequence[int]) -> tuple[int, ...]:
+        """Unbatched shape of a serial-layout feature in the padded layout.
+
+        Parameters
+        ----------
+        spec : FeatureSpec
+            The feature's registry entry.
+        shape : Sequence[int]
+            Its unbatched serial shape.
+        """
+        return tuple(
+            self.padded_length(axis) if axis in LAYOUT_AXES and self.has_padding(axis) else int(n)
+            for axis, n in zip(_dim_axes(spec, len(shape)), shape)
+        )
+
+    def block_ranges(
+        self, spec: FeatureSpec, padded_shape: Sequence[int], coord: Coordinate
+    ) -> list[Range]:
+        """``(start, stop)`` in the padded layout of every dim of the block at ``coord``.
+
+        Parameters
+        ----------
+        spec : FeatureSpec
+            The feature's registry entry (its placements say which dims are split).
+        padded_shape : Sequence[int]
+            Unbatched global shape in the padded layout (``FeatureMeta.padded_shape``).
+        coord : Coordinate
+            Domain coordinate ``(i, j)`` of the rank.
+
+        Returns
+        -------
+        list[Range]
+            One range per dim: the rank's row/column block on a split dim, the whole
+            length otherwise.
+        """
+        sharded = {dim: mesh_dim for mesh_dim, dim in spec.sharded_axes.items()}
+        return [
+            self.block(spec.axes[dim], sharded[dim], coord[sharded[dim]])
+            if dim in sharded
+            else (0, int(n))
+            for dim, n in enumerate(padded_shape)
+        ]
+
+    def block_runs(
+        self, spec: FeatureSpec, padded_shape: Sequence[int], coord: Coordinate
+    ) -> list[tuple[list[RealRun], list[PadRun]]]:
+        """:meth:`layout_runs` of every dim of the block at ``coord`` (see :meth:`block_ranges`).
+
+        The block is the product of the real runs (copied from the serial tensor) and, on
+        each dim, its pad runs (filled with the pad value).
+        """
+        axes = _dim_axes(spec, len(padded_shape))
+        ranges = self.block_ranges(spec, padded_shape, coord)
+        return [self.layout_runs(axis, start, stop) for axis, (start, stop) in zip(axes, ranges)]
+
+    def local_shape(
+        self, spec: FeatureSpec, padded_shape: Sequence[int], coord: Coordinate
+    ) -> tuple[int, ...]:
+        """Unbatched local shape of a feature on the rank at domain coordinate ``coord``.
+
+        Parameters
+        ----------
+        spec : FeatureSpec
+            The feature's registry entry.
+        padded_shape : Sequence[int]
+            Unbatched global shape in the padded layout.
+        coord : Coordinate
+            Domain coordinate ``(i, j)`` of the rank.
+        """
+        shape = [int(n) for n in padded_shape]
+        for mesh_dim, dim in spec.sharded_axes.items():
+            shape[dim] = self.sizes(spec.axes[dim], mesh_dim)[coord[mesh_dim]]
+        return tuple(shape)
+
+    def local_block(
+        self, spec: FeatureSpec, padded: torch.Tensor, coord: Coordinate
+    ) -> torch.Tensor:
+        """The block (a view) of an unbatched padded-layout feature held at ``coord``."""
+        out = padded
+        for mesh_dim, dim in spec.sharded_axes.items():
+            start, stop = self.block(spec.axes[dim], mesh_dim, coord[mesh_dim])
+            out = out.narrow(dim, start, stop - start)
+        return out
+
+    def pad_elements(
+        self, spec: FeatureSpec, padded_shape: Sequence[int], coord: Coordinate
+    ) -> int:
+        """Elements of the block at ``coord`` that sit at positions the plan inserted."""
+        real = math.prod(
+            sum(length for _, _, length in runs)
+            for runs, _ in self.block_runs(spec, padded_shape, coord)
+        )
+        return math.prod(self.local_shape(spec, padded_shape, coord)) - real
+
+    def sharding_shapes(
+        self,
+        spec: FeatureSpec,
+        padded_shape: Sequence[int],
+        coord: Coordinate,
+        batched: bool = False,
+    ) -> dict[int, list[tuple[int, ...]]]:
+        """``ShardTensor.from_local`` shapes: ``{mesh_dim: [local shape of rank r on it]}``.
+
+        Entry ``r`` of mesh dim ``m`` is the local shape of the rank at coordinate ``r`` on
+        ``m`` and at this rank's coordinate on the other mesh dim.
+
+        Parameters
+        ----------
+        spec : FeatureSpec
+            The feature's registry entry.
+        padded_shape : Sequence[int]
+            Unbatched global shape in the padded layout.
+        coord : Coordinate
+            Domain coordinate ``(i, j)`` of this rank.
+        batched : bool, default False
+            Prefix every shape with a batch axis of 1.
+        """
+        prefix = (1,) if batched else ()
+        out: dict[int, list[tuple[int, ...]]] = {}
+        for mesh_dim in spec.sharded_axes:
+            shapes = []
+            for r in range(self.cp[mesh_dim]):
+                other = list(coord)
+                other[mesh_dim] = r
+                shapes.append(prefix + self.local_shape(spec, padded_shape, tuple(other)))
+            out[mesh_dim] = shapes
+        return out
 
     # -- layout maps --------------------------------------------------------------------
 
@@ -237,134 +515,51 @@ class ShardingPlan:
         return "\n".join(lines)
 
 
-# -- building a plan from a feature dict --------------------------------------------------
+# -- functions of the plan, for callers that hold a plan rather than call it --------------
 
 
-def binary_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Ones per row and the column of each row's first 1, for a 2-D map of 0s and 1s.
-
-    Three reductions over the map (range, row sums, row argmax) and no temporaries of its
-    size. Only integer and bool maps are handled here; the caller falls back to exact
-    element-wise checks when this returns ``None``.
-
-    Parameters
-    ----------
-    t : torch.Tensor
-        ``[X, Y]`` map.
-
-    Returns
-    -------
-    tuple[torch.Tensor, torch.Tensor] or None
-        int64 ``[X]`` count of ones per row and int64 ``[X]`` column of the row's first 1
-        (0 for a row without one), or ``None`` when ``t`` is not 2-D, is empty, has a
-        floating or complex dtype, or holds a value other than 0 and 1.
-    """
-    if t.ndim != 2 or t.dtype.is_floating_point or t.dtype.is_complex:
-        return None
-    if t.numel() == 0:
-        return None
-    if t.dtype == torch.bool:
-        t = t.view(torch.uint8)
-    else:
-        low, high = torch.aminmax(t)
-        if int(low) < 0 or int(high) > 1:
-            return None
-    return t.sum(1, dtype=torch.int64), t.argmax(1)
-
-
-def _exact_one_hot_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Element-wise form of :func:`binary_rows` for any dtype: nonzero count, first nonzero."""
-    nonzero = t != 0
-    return nonzero.sum(1), nonzero.to(torch.int8).argmax(1)
-
-
-def atom_tokens_from_map(atom_to_token: torch.Tensor, atom_pad_mask: torch.Tensor | None = None):
-    """Owning token of every atom, from a dense one-hot ``atom_to_token [A, N]`` map.
-
-    Parameters
-    ----------
-    atom_to_token : torch.Tensor
-        ``[A, N]`` 0/1 map.
-    atom_pad_mask : torch.Tensor, optional
-        ``[A]``; an atom with no token must be a pad (0) here.
-
-    Returns
-    -------
-    torch.Tensor
-        int64 ``[A]``: the token of each atom, ``-1`` for trailing atoms with no token.
-
-    Raises
-    ------
-    FeatureValidationError
-        If the map is not 0/1, an atom has several tokens, an atom that is not a trailing
-        pad has no token, or the atoms of one token are not contiguous and in token order.
-    """
-    a2t = atom_to_token
-    if a2t.ndim != 2:
-        raise FeatureValidationError(f"atom_to_token must be [A, N], got {tuple(a2t.shape)}")
-    rows = binary_rows(a2t)
-    if rows is None:
-        nonbinary = (a2t != 0) & (a2t != 1)
-        if nonbinary.any():
-            a, t = (int(v) for v in nonbinary.nonzero()[0])
-            raise FeatureValidationError(
-                f"atom_to_token is not one-hot: value {a2t[a, t].item()} at atom {a}, token {t}"
-            )
-        rows = _exact_one_hot_rows(a2t)
-    counts, columns = rows
-    if (counts > 1).any():
-        a = int((counts > 1).nonzero()[0])
-        raise FeatureValidationError(
-            f"atom_to_token is not one-hot: atom {a} belongs to {int(counts[a])} tokens"
-        )
-    has_token = counts == 1
-    tokens = torch.where(has_token, columns, -1)
-    orphans = (~has_token).nonzero().flatten()
-    if orphans.numel():
-        first = int(orphans[0])
-        later_owned = has_token[first:].nonzero()
-        if later_owned.numel():
-            raise FeatureValidationError(
-                f"atom_to_token assigns atom {first} to no token, but atom "
-                f"{first + int(later_owned[0])} after it has one: only trailing pad atoms "
-                "may have no token"
-            )
-        if atom_pad_mask is not None and bool((atom_pad_mask[orphans] != 0).any()):
-            bad = int(orphans[(atom_pad_mask[orphans] != 0).nonzero()[0]])
-            raise FeatureValidationError(
-                f"atom_to_token assigns atom {bad} to no token, but atom_pad_mask marks it "
-                "as a real atom"
-            )
-    owned = tokens[has_token]
-    if owned.numel() > 1 and bool((owned[1:] < owned[:-1]).any()):
-        a = int((owned[1:] < owned[:-1]).nonzero()[0]) + 1
-        raise FeatureValidationError(
-            f"the atoms of each token must be contiguous and in token order: atom {a} "
-            f"belongs to token {int(owned[a])}, after an atom of token {int(owned[a - 1])}"
-        )
-    return tokens
-
-
-def _checked_one_hot_rows(t: torch.Tensor, message: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ones per row and first-one column of a map whose rows hold at most one 1; else raise."""
-    rows = binary_rows(t)
-    if rows is None:
-        if ((t != 0) & (t != 1)).any():
-            raise FeatureValidationError(message)
-        rows = _exact_one_hot_rows(t)
-    if (rows[0] > 1).any():
-        raise FeatureValidationError(message)
-    return rows
-
-
-def _rows_per_block(
-    name: str, rows_to_atom: torch.Tensor, atom_tokens: torch.Tensor, token_bounds: Sequence[int]
+def local_shape(
+    spec: FeatureSpec, padded_shape: Sequence[int], plan: ShardingPlan, coord: Coordinate
 ) -> tuple[int, ...]:
-    """Row boundaries of an ``rset`` one-hot map whose rows follow their tokens."""
-    counts, atoms = _checked_one_hot_rows(
-        rows_to_atom, f"{name} is not one-hot (each row must pick one atom)"
-    )
-    row_tokens = torch.where(counts == 1, atom_tokens[atoms], -1)
+    """:meth:`ShardingPlan.local_shape` (the unbatched local shape at ``coord``)."""
+    return plan.local_shape(spec, padded_shape, coord)
+
+
+def local_block(
+    spec: FeatureSpec, padded: torch.Tensor, plan: ShardingPlan, coord: Coordinate
+) -> torch.Tensor:
+    """:meth:`ShardingPlan.local_block` (the block of a padded-layout feature at ``coord``)."""
+    return plan.local_block(spec, padded, coord)
+
+
+def sharding_shapes(
+    spec: FeatureSpec,
+    padded_shape: Sequence[int],
+    plan: ShardingPlan,
+    coord: Coordinate,
+    batched: bool,
+) -> dict[int, list[tuple[int, ...]]]:
+    """:meth:`ShardingPlan.sharding_shapes` (the shapes for ``ShardTensor.from_local``)."""
+    return plan.sharding_shapes(spec, padded_shape, coord, batched)
+
+
+# -- building a plan ----------------------------------------------------------------------
+
+
+def _rset_bounds(
+    name: str, row_tokens: torch.Tensor, token_bounds: Sequence[int]
+) -> tuple[int, ...]:
+    """Row boundaries of an ``rset`` axis whose rows follow their tokens.
+
+    Parameters
+    ----------
+    name : str
+        The feature that defines the rows (for the message).
+    row_tokens : torch.Tensor
+        int64 ``[R]`` token of each row, ``-1`` for an empty row (it goes last).
+    token_bounds : Sequence[int]
+        ``cp0 + 1`` token boundaries of the row blocks.
+    """
     bounds = torch.tensor(token_bounds[1:-1], dtype=torch.int64)
     blocks = torch.bucketize(row_tokens, bounds, right=True)
     blocks = torch.where(row_tokens < 0, len(token_bounds) - 2, blocks)
@@ -377,46 +572,12 @@ def _rows_per_block(
     return _bounds(per_block.tolist())
 
 
-def check_map_within_tokens(
-    name: str, token_to_atom: torch.Tensor, atom_tokens: torch.Tensor
-) -> torch.Tensor:
-    """Check that a ``[N, A]`` one-hot map picks, for each token, an atom OF that token.
-
-    Returns
-    -------
-    torch.Tensor
-        int64 ``[N]``: the atom each token picks, ``-1`` for none (the map's index form,
-        :func:`physicsnemo_foldcp.sharding.layout.dense_map_to_index`).
-
-    Raises
-    ------
-    FeatureValidationError
-        If a row picks several atoms, a non-0/1 value, or an atom of another token (which
-        would put the atom outside the rank that holds the token).
-    """
-    counts, columns = _checked_one_hot_rows(
-        token_to_atom, f"{name} is not one-hot (each token picks at most one atom)"
-    )
-    has_atom = counts == 1
-    tokens = has_atom.nonzero().flatten()
-    atoms = columns[tokens]
-    owners = atom_tokens[atoms]
-    wrong = owners != tokens
-    if wrong.any():
-        k = int(wrong.nonzero()[0])
-        raise FeatureValidationError(
-            f"{name} maps token {int(tokens[k])} to atom {int(atoms[k])}, which belongs to "
-            f"token {int(owners[k])}: a token's atom must be one of its own atoms"
-        )
-    return torch.where(has_atom, columns, -1)
-
-
 def build_plan(
     lengths: Mapping[str, int],
     cp: tuple[int, int],
     *,
     atom_tokens: torch.Tensor | None = None,
-    rset_bounds_from: tuple[str, torch.Tensor] | None = None,
+    rset_rows: tuple[str, torch.Tensor] | None = None,
     token_multiple: int = 1,
     atom_multiple: int = 1,
     token_bounds: Sequence[int] | None = None,
@@ -432,33 +593,24 @@ def build_plan(
         ``(cp0, cp1)``.
     atom_tokens : torch.Tensor, optional
         int64 ``[A]`` token of each atom (-1 for trailing pads), from
-        :func:`atom_tokens_from_map`; required when the sample has atoms.
-    rset_bounds_from : tuple[str, torch.Tensor], optional
-        ``(name, [R, A] map)`` of the feature that defines the rset rows.
+        :func:`~physicsnemo_foldcp.sharding.validation.atom_tokens_from_map`; required when
+        the sample has atoms.
+    rset_rows : tuple[str, torch.Tensor], optional
+        ``(name, int64 [R] token of each row)`` of the feature that defines the rset rows
+        (:func:`~physicsnemo_foldcp.sharding.validation.rset_row_tokens`).
     token_multiple, atom_multiple : int, default 1
         Per-shard padding multiples.
     token_bounds : sequence of int, optional
         Explicit ``cp0 + 1`` row-block token boundaries (a balanced plan); the default
-        splits tokens into blocks that differ by at most one.
+        splits tokens into blocks that differ by at most one (:func:`even_token_bounds`).
     """
-    for label, m in (("token_multiple", token_multiple), ("atom_multiple", atom_multiple)):
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"{label} must be an integer >= 1, got {m!r}")
+    positive_int("token_multiple", token_multiple)
+    positive_int("atom_multiple", atom_multiple)
     cp0 = cp[0]
     n_tokens = int(lengths[TOKENS])
     if token_bounds is None:
-        token_bounds = _bounds(split_sizes(n_tokens, cp0))
-    token_bounds = tuple(int(b) for b in token_bounds)
-    if (
-        len(token_bounds) != cp0 + 1
-        or token_bounds[0] != 0
-        or token_bounds[-1] != n_tokens
-        or any(b > c for b, c in zip(token_bounds, token_bounds[1:]))
-    ):
-        raise ValueError(
-            f"token_bounds {token_bounds} must be {cp0 + 1} non-decreasing boundaries from 0 "
-            f"to N={n_tokens}"
-        )
+        token_bounds = even_token_bounds(n_tokens, cp0)
+    token_bounds = check_token_bounds(token_bounds, cp0, n_tokens)
     if ATOMS in lengths:
         if atom_tokens is None:
             raise FeatureValidationError("atom features need atom_to_token to place their atoms")
@@ -468,8 +620,8 @@ def build_plan(
     else:
         atom_bounds = (0,) * (cp0 + 1)
     rset_bounds = None
-    if rset_bounds_from is not None and atom_tokens is not None:
-        rset_bounds = _rows_per_block(*rset_bounds_from, atom_tokens, token_bounds)
+    if rset_rows is not None and atom_tokens is not None:
+        rset_bounds = _rset_bounds(*rset_rows, token_bounds)
     return ShardingPlan(
         cp=(int(cp[0]), int(cp[1])),
         token_bounds=token_bounds,
@@ -479,3 +631,20 @@ def build_plan(
         token_multiple=token_multiple,
         atom_multiple=atom_multiple,
     )
+
+
+__all__ = [
+    "Coordinate",
+    "PadRun",
+    "Range",
+    "RealRun",
+    "ShardingPlan",
+    "build_plan",
+    "check_token_bounds",
+    "column_block_sizes",
+    "even_token_bounds",
+    "local_block",
+    "local_shape",
+    "sharding_shapes",
+    "split_sizes",
+]

@@ -1,16 +1,14 @@
-r"""Plan report: what each rank of a ``cp0 x cp1`` mesh would hold of one sample, on one process.
+"""Plan report: what each rank of a ``cp0 x cp1`` mesh would hold of one sample, on one process.
 
-Given a sample (a feature file, or a synthetic complex of a given size) and a mesh shape,
-:func:`plan_report` validates and lays out the sample exactly as the scatter's source rank
-does (:func:`physicsnemo_foldcp.sharding.layout.prepare_sample`) and reports, per rank: its serial
-token and atom ranges, its token column block, the bytes of its blocks per feature group,
-the elements it holds at pad positions, and the imbalance of atoms, pair elements and bytes
-across ranks. :func:`draw_plan` draws the partition. No process group is needed.
-
-Command line::
-
-    python -m physicsnemo_foldcp.sharding.plan_report --tokens 512 --cp 2 3 [--preset boltz2] \
-        [--balanced] [--features sample.pt|sample.npz] [--png plan.png]
+Given a sample and a mesh shape, :func:`plan_report` validates and lays out the sample
+exactly as the scatter's source rank does
+(:func:`physicsnemo_foldcp.sharding.prepare.prepare_sample`, with the same
+:class:`~physicsnemo_foldcp.sharding.options.ShardingOptions`) and reports, per rank: its
+serial token and atom ranges, its token column block, the bytes of its blocks per feature
+group, the elements it holds at pad positions (all asked of the plan), and the imbalance of
+atoms, pair elements and bytes across ranks. :func:`draw_plan` draws the partition. No
+process group is needed. The command line is
+:mod:`physicsnemo_foldcp.cli.plan_report`.
 
 Feature groups (by the registry's axis meanings, first match wins): ``pair`` (two token
 axes), ``msa`` (an MSA axis), ``atom`` (an atoms or rset axis: atom features, coordinates,
@@ -20,9 +18,7 @@ and passed-through tensors, held whole by every rank).
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,16 +27,12 @@ from typing import Any
 import torch
 
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.features.spec import ATOMS, LAYOUT_AXES, MSA, PASSTHROUGH, RSET, TOKENS
-from physicsnemo_foldcp.sharding.balance import (
-    PlanCost,
-    atoms_per_token,
-    balanced_token_bounds,
-    even_token_bounds,
-    plan_cost,
-)
-from physicsnemo_foldcp.sharding.layout import FeatureMeta, local_shape, prepare_sample
-from physicsnemo_foldcp.sharding.plan import ShardingPlan
+from physicsnemo_foldcp.features.spec import ATOMS, MSA, RSET, TOKENS
+from physicsnemo_foldcp.sharding.balance import PlanCost, atoms_per_token, plan_cost
+from physicsnemo_foldcp.sharding.options import ShardingOptions, resolve_options
+from physicsnemo_foldcp.sharding.plan import Coordinate, ShardingPlan, even_token_bounds
+from physicsnemo_foldcp.sharding.prepare import prepare_sample
+from physicsnemo_foldcp.sharding.wire import FeatureMeta
 
 GROUPS = ("token", "pair", "atom", "msa", "other")
 """Feature groups of the report, in print order."""
@@ -190,51 +182,22 @@ class PlanReport:
         return "\n".join(lines)
 
 
-def _real_count(plan: ShardingPlan, axis: str, start: int, stop: int) -> int:
-    """Non-pad positions of ``axis`` in ``[start, stop)`` of its padded layout."""
-    if not plan.has_padding(axis):
-        return stop - start
-    return int((~plan.is_pad(axis)[start:stop]).sum())
-
-
-def _block_range(
-    spec_axes: Sequence[str | None], dim: int, sharded: dict[int, int], plan, coord, length
-) -> tuple[int, int]:
-    for mesh_dim, d in sharded.items():
-        if d == dim:
-            return plan.block(spec_axes[dim], mesh_dim, coord[mesh_dim])
-    return 0, length
-
-
 def _rank_load(
-    prepared_metas: Sequence[FeatureMeta],
+    metas: Sequence[FeatureMeta],
     registry: FeatureRegistry,
     plan: ShardingPlan,
-    coord: tuple[int, int],
+    coord: Coordinate,
 ) -> tuple[dict[str, int], int, int]:
+    """Bytes per feature group, elements and pad elements of the rank at ``coord``."""
     group_bytes = dict.fromkeys(GROUPS, 0)
     elements = pad_elements = 0
-    for meta in prepared_metas:
+    for meta in metas:
         spec = registry[meta.name]
-        axes = spec.axes[: len(meta.padded_shape)]
-        if spec.mode == PASSTHROUGH:
-            shape = meta.padded_shape
-        else:
-            shape = local_shape(spec, meta.padded_shape, plan, coord)
-        numel = math.prod(shape)
+        numel = math.prod(plan.local_shape(spec, meta.padded_shape, coord))
         size = torch.empty((), dtype=meta.dtype).element_size()
         group_bytes[feature_group(spec.axes)] += numel * size
-        real = 1
-        sharded = spec.sharded_axes if spec.mode != PASSTHROUGH else {}
-        for dim, length in enumerate(shape):
-            axis = axes[dim]
-            if axis in LAYOUT_AXES and spec.mode != PASSTHROUGH:
-                start, stop = _block_range(axes, dim, sharded, plan, coord, meta.padded_shape[dim])
-                real *= _real_count(plan, axis, start, stop)
-            else:
-                real *= length
         elements += numel
-        pad_elements += numel - real
+        pad_elements += plan.pad_elements(spec, meta.padded_shape, coord)
     return group_bytes, elements, pad_elements
 
 
@@ -243,11 +206,10 @@ def plan_report(
     cp: tuple[int, int],
     *,
     registry: FeatureRegistry | None = None,
+    options: ShardingOptions | None = None,
     token_bounds: Sequence[int] | None = None,
-    token_multiple: int = 1,
-    atom_multiple: int = 1,
-    map_layout: str = "dense",
     label: str | None = None,
+    **aliases: Any,
 ) -> PlanReport:
     """Lay out one sample on its plan (one process) and report every rank's share.
 
@@ -259,16 +221,18 @@ def plan_report(
         ``(cp0, cp1)``.
     registry : FeatureRegistry, optional
         Axis meanings; the Boltz-2 preset by default.
+    options : ShardingOptions, optional
+        As for :func:`physicsnemo_foldcp.scatter_features`: padding multiples, map layout,
+        and the balance (``mode="balanced"`` computes the balanced row blocks, as the
+        scatter's source does); the defaults when omitted.
     token_bounds : sequence of int, optional
-        Row-block boundaries (e.g.
-        :func:`physicsnemo_foldcp.sharding.balance.balanced_token_bounds`); the even split by
-        default.
-    token_multiple, atom_multiple : int, default 1
-        Per-shard padding multiples, as in :func:`physicsnemo_foldcp.scatter_features`.
-    map_layout : {"dense", "index"}, default "dense"
-        Layout of the atom<->token maps, as in the scatter.
+        Explicit row-block boundaries; they win over ``options.balance``.
     label : str, optional
-        Name of the plan in the printout; ``"even"`` or ``"balanced"`` by default.
+        Name of the plan in the printout; by default ``"balanced"`` for a balanced option
+        or bounds other than the even split, else ``"even"``.
+    **aliases
+        The options one by one (``token_multiple=``, ``map_layout=``, ...), merged into
+        ``options`` (:func:`~physicsnemo_foldcp.sharding.options.resolve_options`).
 
     Returns
     -------
@@ -276,50 +240,47 @@ def plan_report(
         Exactly what :func:`physicsnemo_foldcp.scatter_features` would put on each rank
         (same validation and layout code), without any communication.
     """
+    options = resolve_options(options, aliases, caller="plan_report")
     registry = registry if registry is not None else FeatureRegistry.preset("boltz2")
     cp = (int(cp[0]), int(cp[1]))
     bounds = tuple(int(b) for b in token_bounds) if token_bounds is not None else None
-    prepared = prepare_sample(
-        features,
-        registry,
-        cp,
-        token_multiple=token_multiple,
-        atom_multiple=atom_multiple,
-        token_bounds=bounds,
-        map_layout=map_layout,
-    )
+    prepared = prepare_sample(features, registry, cp, options=options, token_bounds=bounds)
     plan = prepared.plan
     counts = atoms_per_token(features) if "atom_to_token" in features else None
     if counts is None or counts.numel() != plan.n_tokens:
         counts = torch.zeros(plan.n_tokens, dtype=torch.int64)
+    has_atoms = plan.n_atoms > 0
     ranks = []
-    for i in range(cp[0]):
-        for j in range(cp[1]):
-            group_bytes, elements, pads = _rank_load(prepared.metas, registry, plan, (i, j))
-            has_atoms = plan.n_atoms > 0
-            ranks.append(
-                RankLoad(
-                    domain_rank=i * cp[1] + j,
-                    coordinate=(i, j),
-                    tokens=plan.serial_range(TOKENS, i),
-                    atoms=plan.serial_range(ATOMS, i) if has_atoms else (0, 0),
-                    columns=plan.block(TOKENS, 1, j),
-                    local_tokens=plan.row_sizes(TOKENS)[i],
-                    local_atoms=plan.row_sizes(ATOMS)[i] if has_atoms else 0,
-                    group_bytes=group_bytes,
-                    elements=elements,
-                    pad_elements=pads,
-                )
+    for i, j in plan.coordinates:
+        group_bytes, elements, pads = _rank_load(prepared.metas, registry, plan, (i, j))
+        ranks.append(
+            RankLoad(
+                domain_rank=i * cp[1] + j,
+                coordinate=(i, j),
+                tokens=plan.serial_range(TOKENS, i),
+                atoms=plan.serial_range(ATOMS, i) if has_atoms else (0, 0),
+                columns=plan.block(TOKENS, 1, j),
+                local_tokens=plan.row_sizes(TOKENS)[i],
+                local_atoms=plan.row_sizes(ATOMS)[i] if has_atoms else 0,
+                group_bytes=group_bytes,
+                elements=elements,
+                pad_elements=pads,
             )
+        )
     even = even_token_bounds(plan.n_tokens, cp[0])
+    weights = {
+        "pair_weight": options.balance.pair_weight,
+        "atom_weight": options.balance.atom_weight,
+    }
+    balanced = plan.token_bounds != even or (bounds is None and options.balance.mode == "balanced")
     return PlanReport(
         plan=plan,
         ranks=ranks,
-        cost=plan_cost(plan.token_bounds, counts, cp),
-        even_cost=plan_cost(even, counts, cp),
+        cost=plan_cost(plan.token_bounds, counts, cp, **weights),
+        even_cost=plan_cost(even, counts, cp, **weights),
         atoms_per_token=counts,
         features=list(prepared.metas),
-        label=label or ("even" if plan.token_bounds == even else "balanced"),
+        label=label or ("balanced" if balanced else "even"),
     )
 
 
@@ -434,133 +395,11 @@ def draw_plan(report: PlanReport, path: str | Path) -> Path:
     return out
 
 
-def load_features(path: str | Path) -> dict[str, Any]:
-    """Read one sample from a ``.pt`` (``torch.save`` of a dict) or ``.npz`` file.
-
-    Raises
-    ------
-    ValueError
-        On another suffix, or a file that does not hold a dict of tensors.
-    """
-    path = Path(path)
-    if path.suffix == ".pt":
-        data = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{path}: expected a dict of tensors, got {type(data).__name__}")
-        return dict(data)
-    if path.suffix == ".npz":
-        import numpy as np
-
-        with np.load(path, allow_pickle=False) as archive:
-            return {
-                k: torch.from_numpy(archive[k].copy())
-                if archive[k].dtype.kind != "U"
-                else str(archive[k])
-                for k in archive.files
-            }
-    raise ValueError(f"{path}: unknown feature file type {path.suffix!r}; use .pt or .npz")
-
-
-def _parse_composition(text: str | None) -> dict[str, float] | None:
-    if not text:
-        return None
-    out = {}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if not value:
-            raise argparse.ArgumentTypeError(
-                f"composition {text!r}: write kind=fraction pairs, e.g. protein=0.4,rna=0.4"
-            )
-        out[key.strip()] = float(value)
-    return out
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``python -m physicsnemo_foldcp.sharding.plan_report``."""
-    p = argparse.ArgumentParser(
-        prog="python -m physicsnemo_foldcp.sharding.plan_report",
-        description="Per-rank token/atom ranges, bytes per feature group, padding and "
-        "imbalance of one sample on a cp0 x cp1 mesh, and a PNG of the partition.",
-    )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--tokens", type=int, help="size of a synthetic complex (tokens)")
-    source.add_argument("--features", type=Path, help="a sample saved as .pt or .npz")
-    p.add_argument("--cp", type=int, nargs=2, required=True, metavar=("CP0", "CP1"))
-    p.add_argument("--preset", choices=("boltz1", "boltz2"), default="boltz2")
-    p.add_argument("--balanced", action="store_true", help="use the balanced row blocks")
-    p.add_argument("--pair-weight", type=float, default=0.0, help="balanced: pair weight")
-    p.add_argument("--atom-weight", type=float, default=1.0, help="balanced: atom weight")
-    p.add_argument("--token-multiple", type=int, default=1)
-    p.add_argument("--atom-multiple", type=int, default=1)
-    p.add_argument("--map-layout", choices=("dense", "index"), default="dense")
-    p.add_argument("--seed", type=int, default=0, help="synthetic complex seed")
-    p.add_argument("--msa-rows", type=int, default=256, help="synthetic complex MSA depth")
-    p.add_argument(
-        "--composition",
-        type=_parse_composition,
-        default=None,
-        help="synthetic token fractions, e.g. protein=0.4,rna=0.4,ligand=0.2",
-    )
-    p.add_argument("--png", type=Path, help="write the partition drawing here")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the plan report; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    cp0, cp1 = args.cp
-    if cp0 < 1 or cp1 < 1:
-        print(f"error: --cp {cp0} {cp1}: both sizes must be >= 1", file=sys.stderr)
-        return 2
-    registry = FeatureRegistry.preset(args.preset)
-    if args.features is not None:
-        features = load_features(args.features)
-    else:
-        from physicsnemo_foldcp.data.synthetic import make_complex
-
-        features = make_complex(
-            args.tokens,
-            seed=args.seed,
-            preset=args.preset,
-            msa_rows=args.msa_rows,
-            composition=args.composition,
-        )
-    bounds = None
-    if args.balanced:
-        bounds = balanced_token_bounds(
-            atoms_per_token(features),
-            cp0,
-            cp1=cp1,
-            pair_weight=args.pair_weight,
-            atom_weight=args.atom_weight,
-        )
-    report = plan_report(
-        features,
-        (cp0, cp1),
-        registry=registry,
-        token_bounds=bounds,
-        token_multiple=args.token_multiple,
-        atom_multiple=args.atom_multiple,
-        map_layout=args.map_layout,
-        label="balanced" if args.balanced else "even",
-    )
-    print(report.format())
-    if args.png is not None:
-        print(f"partition drawn to {draw_plan(report, args.png)}")
-    return 0
-
-
 __all__ = [
     "GROUPS",
     "PlanReport",
     "RankLoad",
     "draw_plan",
     "feature_group",
-    "load_features",
-    "main",
     "plan_report",
 ]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,10 @@
-"""What a scatter put where, and a consistency audit of it.
+"""What a scatter put where, and a consistency audit of it, on the ranks that hold it.
 
 Both are collective over the domain group (one object all-gather each) and return the
-same result on every rank.
+same result on every rank. Every range and pad count is asked of the sample's
+:class:`~physicsnemo_foldcp.sharding.plan.ShardingPlan`. (The plan report,
+:mod:`physicsnemo_foldcp.sharding.plan_report`, says the same before any scatter, on one
+process.)
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import torch.distributed as dist
 from physicsnemo.domain_parallel import ShardTensor
 
 from physicsnemo_foldcp.features.spec import ATOMS, LAYOUT_AXES, PASSTHROUGH, REPLICATE, TOKENS
-from physicsnemo_foldcp.sharding.layout import local_block
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 
 
@@ -148,18 +150,6 @@ def sharding_report(sharded: ShardedFeatures) -> ShardingReport:
     for meta in sharded.meta.features:
         value = sharded[meta.name]
         local = value.to_local() if isinstance(value, ShardTensor) else value
-        spec = registry[meta.name]
-        pad = 0
-        axes = spec.axes[: len(meta.padded_shape)]  # a compact map keeps its first axis
-        if spec.mode != PASSTHROUGH and any(plan.has_padding(a) for a in axes if a):
-            real = torch.ones(meta.padded_shape, dtype=torch.bool)
-            for dim, axis in enumerate(axes):
-                if axis in LAYOUT_AXES and plan.has_padding(axis):
-                    keep = ~plan.is_pad(axis)
-                    view = [1] * len(meta.padded_shape)
-                    view[dim] = -1
-                    real = real & keep.reshape(view)
-            pad = int((~local_block(spec, real, plan, coord)).sum())
         shards.append(
             FeatureShard(
                 meta.name,
@@ -167,7 +157,7 @@ def sharding_report(sharded: ShardedFeatures) -> ShardingReport:
                 tuple(value.shape),
                 _placement_text(value),
                 local.numel() * local.element_size(),
-                pad,
+                plan.pad_elements(registry[meta.name], meta.padded_shape, coord),
             )
         )
     mine = RankReport(
@@ -207,11 +197,12 @@ def _local_findings(sharded: ShardedFeatures) -> list[str]:
                     and plan.has_padding(axis)
                     and spec.sharded_axes.get(0) == dim
                 ):
-                    start, stop = plan.block(axis, 0, coord[0])
-                    pads = plan.is_pad(axis)[start:stop].nonzero().flatten()
-                    held = t.index_select(dim, pads) if pads.numel() else None
+                    _, pad_runs = plan.layout_runs(axis, *plan.block(axis, 0, coord[0]))
                     pad_value = -1 if meta.compact_of is not None else spec.pad_value
-                    if held is not None and not bool((held == pad_value).all()):
+                    if not all(
+                        bool((t.narrow(dim, offset, length) == pad_value).all())
+                        for offset, length in pad_runs
+                    ):
                         findings.append(
                             f"{meta.name}: pad positions of its {axis} axis do not hold the "
                             f"pad value {pad_value}"

@@ -3,24 +3,28 @@
 Protocol of :func:`scatter_features` (per sample, per domain group):
 
 1. The source rank validates the sample and plans its layout (:class:`ShardingPlan`,
-   :func:`physicsnemo_foldcp.sharding.layout.prepare_sample`); the other ranks do nothing.
+   :func:`physicsnemo_foldcp.sharding.prepare.prepare_sample`), computing balanced row
+   blocks there when the options ask for them; the other ranks do nothing.
 2. ONE object all-gather over the domain group: the source contributes the metadata (plan,
    per-feature dtype and shapes, non-tensor values) or the error it hit; every rank
-   contributes its registry fingerprint. Every rank then decides the same thing: go on,
-   or raise the source's error / a registry mismatch.
+   contributes its registry fingerprint (and the error of its own options, if any). Every
+   rank then decides the same thing: go on, or raise the source's error / a rank's
+   options error / a registry mismatch.
 3. The source packs each rank's blocks of all features into one byte buffer, copied
-   straight from the serial tensors (:func:`physicsnemo_foldcp.sharding.layout.pack_rank`), and
+   straight from the serial tensors (:func:`physicsnemo_foldcp.sharding.wire.pack_rank`), and
    sends it point-to-point; on the CPU each buffer leaves as soon as it is packed, while
    the next one is packed. Each rank receives only its own buffer, whose size it knows
    from the metadata. Features are iterated in sorted key order everywhere. A dense map
    of exact 0s and 1s travels as the column of each local row's 1 (8 bytes per row
    instead of a row of the map) and is expanded on arrival.
-4. Every rank wraps its blocks with ``ShardTensor.from_local`` and explicit sharding
-   shapes (no further communication).
+4. Every rank wraps its blocks as the plugin's ShardTensors
+   (:class:`~physicsnemo_foldcp.ops.FoldTensor`, ``ShardTensor.from_local`` with explicit
+   sharding shapes; no further communication) and tags the atom<->token maps.
 
-``method="scatter_tensor"`` replaces step 3 by PhysicsNeMo's ``scatter_tensor`` per feature
-(broadcast of the whole tensor, then a local ``torch.chunk``), where its chunking agrees
-with the plan; it is the baseline the benchmarks compare against.
+``ShardingOptions(method="scatter_tensor")`` replaces step 3 by PhysicsNeMo's
+``scatter_tensor`` per feature (broadcast of the whole tensor, then a local
+``torch.chunk``), where its chunking agrees with the plan; it is the baseline the
+benchmarks compare against.
 """
 
 from __future__ import annotations
@@ -40,21 +44,20 @@ from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, TOKENS
 from physicsnemo_foldcp.ops.tensor import fold, wrap
-from physicsnemo_foldcp.sharding.layout import (
+from physicsnemo_foldcp.sharding.maps import index_map_to_dense
+from physicsnemo_foldcp.sharding.options import METHODS, ShardingOptions, resolve_options
+from physicsnemo_foldcp.sharding.packing import packed_size, unpack
+from physicsnemo_foldcp.sharding.plan import ShardingPlan, sharding_shapes
+from physicsnemo_foldcp.sharding.prepare import prepare_sample
+from physicsnemo_foldcp.sharding.validation import FeatureValidationError
+from physicsnemo_foldcp.sharding.wire import (
     FeatureMeta,
     PreparedSample,
+    WireLayout,
     expand_wire_blocks,
-    index_map_to_dense,
     pack_rank,
-    prepare_sample,
-    sharding_shapes,
     wire_layout,
 )
-from physicsnemo_foldcp.sharding.packing import packed_size, unpack
-from physicsnemo_foldcp.sharding.plan import FeatureValidationError, ShardingPlan
-
-METHODS = ("p2p", "scatter_tensor")
-"""Transports of :func:`scatter_features`: the true scatter, or PhysicsNeMo's baseline."""
 
 
 class RegistryMismatchError(RuntimeError):
@@ -150,6 +153,12 @@ def _exchange_metadata(
             f"scatter_features failed on the source rank {mesh.domain_source_rank} of domain "
             f"group {mesh.ddp_rank}"
         )
+    for r, (peer_payload, _, _) in enumerate(gathered[1:], start=1):
+        if isinstance(peer_payload, ErrorPayload):
+            rank = mesh.domain_global_rank(r // mesh.cp[1], r % mesh.cp[1])
+            raise peer_payload.to_exception(
+                f"scatter_features failed on rank {rank} of domain group {mesh.ddp_rank}"
+            )
     prints = {(fp, name) for _, fp, name in gathered}
     if len(prints) > 1:
         listing = ", ".join(
@@ -167,7 +176,7 @@ def _exchange_metadata(
 
 def _local_layout(
     meta: ScatterMeta, registry: FeatureRegistry, coord: tuple[int, int]
-) -> list[tuple[tuple[int, ...], torch.dtype]]:
+) -> WireLayout:
     return wire_layout(meta.features, registry, meta.plan, coord)
 
 
@@ -284,18 +293,48 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
 
 
+def _source_payload(
+    features: Mapping[str, Any] | None,
+    mesh: FoldMesh,
+    registry: FeatureRegistry,
+    options: ShardingOptions | None,
+    token_bounds: tuple[int, ...] | None,
+    error: BaseException | None,
+) -> tuple[PreparedSample | None, ScatterMeta | ErrorPayload | None]:
+    """Step 1: this rank's contribution to the metadata exchange (and the source's sample).
+
+    The source validates and plans the sample, or reports ``error`` (the caller's, or
+    that of its options); another rank contributes nothing, or its options' error.
+    """
+    if not mesh.is_domain_source:
+        return None, ErrorPayload.capture(error, mesh.rank) if options is None else None
+    if error is not None:
+        return None, ErrorPayload.capture(error, mesh.rank)
+    try:
+        prepared = prepare_sample(
+            features, registry, mesh.cp, options=options, token_bounds=token_bounds
+        )
+        payload = ScatterMeta(
+            prepared.plan,
+            tuple(prepared.metas),
+            prepared.values,
+            prepared.batched,
+            registry.fingerprint,
+        )
+    except Exception as failure:  # noqa: BLE001 - sent to every rank, then raised
+        return None, ErrorPayload.capture(failure, mesh.rank)
+    return prepared, payload
+
+
 def scatter_features(
     features: Mapping[str, Any] | None,
     mesh: FoldMesh,
     *,
     registry: FeatureRegistry | None = None,
-    token_multiple: int = 1,
-    atom_multiple: int = 1,
-    align_lengths: bool = False,
+    options: ShardingOptions | None = None,
     token_bounds: tuple[int, ...] | None = None,
-    method: str = "p2p",
-    map_layout: str = "dense",
     error: BaseException | None = None,
+    **legacy: Any,
 ) -> ShardedFeatures:
     """Shard one sample over this rank's domain group; every rank gets ShardTensors.
 
@@ -314,29 +353,31 @@ def scatter_features(
     registry : FeatureRegistry, optional
         Axis meanings of the features; the Boltz-2 preset by default. Every rank must
         hold an equal registry (checked by fingerprint).
-    token_multiple : int, default 1
-        Pad each row block's tokens to a multiple of this (pads masked, value = pad value).
-    atom_multiple : int, default 1
-        Pad each row block's atoms to a multiple of this (e.g. the 32-atom window).
-    align_lengths : bool, default False
-        Pad every axis of one meaning to the longest instead of raising when they differ.
+    options : ShardingOptions, optional
+        How the sample is laid out and sent (the defaults when omitted; every field is
+        described in :class:`~physicsnemo_foldcp.sharding.options.ShardingOptions`):
+        per-shard padding multiples, ``align_lengths``, ``balance`` (with
+        ``mode="balanced"`` the source rank computes this sample's balanced row blocks,
+        :func:`~physicsnemo_foldcp.sharding.balance.balanced_token_bounds`), ``map_layout``
+        (``"dense"``: Boltz's maps, a rank holds ``A_i x N`` elements of ``atom_to_token``;
+        ``"index"``: an int64 vector of global padded-layout positions under the same key,
+        ``A_i`` elements; ``gather_features`` returns dense maps either way) and
+        ``method`` (``"p2p"``: each rank receives only its own blocks, in one message;
+        ``"scatter_tensor"``: PhysicsNeMo's broadcast-then-chunk, where its chunking
+        agrees with the plan).
     token_bounds : tuple[int, ...], optional
-        Explicit ``cp0 + 1`` row-block token boundaries; the default splits evenly.
-    method : {"p2p", "scatter_tensor"}, default "p2p"
-        ``"p2p"`` sends each rank only its own blocks (one message per rank);
-        ``"scatter_tensor"`` uses PhysicsNeMo's broadcast-then-chunk per feature where its
-        chunking agrees with the plan, and raises where it does not.
-    map_layout : {"dense", "index"}, default "dense"
-        Layout of the one-hot atom<->token maps. ``"dense"`` keeps Boltz's maps, so
-        ``full_tensor()`` is the serial map (in the padded layout); a rank holds
-        ``A_i x N`` elements of ``atom_to_token`` and ``N_i x A`` of each token->atom
-        map. ``"index"`` sends, under the same key, an int64 vector over the map's first
-        axis holding the global padded-layout position of the row's 1 (-1 for none):
-        ``A_i`` and ``N_i`` elements per rank. ``gather_features`` returns dense maps.
+        Explicit ``cp0 + 1`` row-block token boundaries (source rank); they win over
+        ``options.balance``. The default splits evenly.
     error : BaseException, optional
         On the source rank: an exception hit before the scatter (e.g. in the serial fetch).
         Instead of scattering, it is raised on every rank of the domain group, with its
         type, message and traceback; ignored on the other ranks.
+    **legacy
+        The options one by one, as before ``options`` existed: ``token_multiple``,
+        ``atom_multiple``, ``align_lengths``, ``map_layout``, ``method`` (and ``balance``,
+        ``pair_weight``, ``atom_weight``), merged into ``options``
+        (:func:`~physicsnemo_foldcp.sharding.options.resolve_options`); one that
+        contradicts ``options`` is an error.
 
     Returns
     -------
@@ -351,46 +392,29 @@ def scatter_features(
     ------
     FeatureValidationError, UnknownFeatureError
         On every rank of the domain group, when the source's sample is invalid.
+    ValueError, TypeError
+        On every rank, when a rank's options are invalid.
     RegistryMismatchError
         On every rank, when the ranks' registries differ.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     registry = registry if registry is not None else FeatureRegistry.preset("boltz2")
     stats = ScatterStats()
     start = time.perf_counter()
-
-    prepared: PreparedSample | None = None
-    payload: ScatterMeta | ErrorPayload | None = None
-    if mesh.is_domain_source and error is not None:
-        payload = ErrorPayload.capture(error, mesh.rank)
-    elif mesh.is_domain_source:
-        try:
-            prepared = prepare_sample(
-                features,
-                registry,
-                mesh.cp,
-                token_multiple=token_multiple,
-                atom_multiple=atom_multiple,
-                align_lengths=align_lengths,
-                token_bounds=token_bounds,
-                map_layout=map_layout,
-            )
-            payload = ScatterMeta(
-                prepared.plan,
-                tuple(prepared.metas),
-                prepared.values,
-                prepared.batched,
-                registry.fingerprint,
-            )
-        except Exception as error:  # noqa: BLE001 - sent to every rank, then raised
-            payload = ErrorPayload.capture(error, mesh.rank)
+    options_error: BaseException | None = None
+    try:
+        options = resolve_options(options, legacy, caller="scatter_features")
+    except (TypeError, ValueError) as err:
+        options, options_error = None, err
+    if options_error is not None and not (mesh.is_domain_source and error is not None):
+        error = options_error
+    prepared, payload = _source_payload(features, mesh, registry, options, token_bounds, error)
     meta = _exchange_metadata(mesh, payload, registry)
+    assert options is not None  # a rank's options error was raised on every rank
 
     out = ShardedFeatures()
     coord = mesh.domain_coordinate
     prefix = (1,) if meta.batched else ()
-    if method == "scatter_tensor":
+    if options.method == "scatter_tensor":
         out.update(_scatter_tensor_transfer(mesh, prepared, meta, registry, stats))
     else:
         blocks = _p2p_transfer(mesh, prepared, meta, registry, stats)

@@ -12,6 +12,7 @@ import pytest
 
 from physicsnemo_foldcp.data import FoldCPDataModule, ShardedLoader
 from physicsnemo_foldcp.data.sampling import InferenceOrder, TrainingOrder
+from physicsnemo_foldcp.sharding.options import BalanceOptions, ShardingOptions
 
 MESH = SimpleNamespace(ddp_size=2, ddp_rank=1)
 
@@ -117,3 +118,40 @@ def test_datamodule_state_survives_teardown_and_restores_before_setup():
     other_seed.load_state_dict(state)
     with pytest.raises(ValueError, match="seed=1 in the state but 2 here"):
         other_seed.train_dataloader()
+
+
+def test_loader_merges_the_old_sharding_arguments_into_its_options():
+    loader = ShardedLoader(
+        Unloaded(5), MESH, token_multiple=4, scatter_options={"map_layout": "index"}
+    )
+    assert loader.options == ShardingOptions(token_multiple=4, map_layout="index")
+    given = ShardingOptions(atom_multiple=32)
+    assert ShardedLoader(Unloaded(5), MESH, options=given).options is given
+    with pytest.raises(ValueError, match=r"\['method'\] given both as arguments and in scatter"):
+        ShardedLoader(Unloaded(5), MESH, method="p2p", scatter_options={"method": "scatter_tensor"})
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['atom_window'\]"):
+        ShardedLoader(Unloaded(5), MESH, atom_window=32)
+
+
+def test_datamodule_checks_options_when_built_and_gives_them_to_every_loader():
+    with pytest.raises(ValueError, match="max_skips must be an integer >= 0"):
+        FoldCPDataModule(Unloaded(3), None, None, MESH, max_skips=-1)
+    with pytest.raises(ValueError, match="map_layout must be one of"):
+        FoldCPDataModule(Unloaded(3), None, None, MESH, map_layout="sparse")
+    with pytest.raises(ValueError, match=r"FoldCPDataModule: atom_multiple=8 contradicts"):
+        FoldCPDataModule(
+            Unloaded(3),
+            None,
+            None,
+            MESH,
+            options=ShardingOptions(atom_multiple=32),
+            atom_multiple=8,
+        )
+    options = ShardingOptions(atom_multiple=32, balance=BalanceOptions(mode="balanced"))
+    dm = FoldCPDataModule(Unloaded(5), Unloaded(3), None, MESH, options=options, max_skips=2)
+    dm.setup("fit")
+    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        assert loader.options == options and loader.max_skips == 2
+    aliased = FoldCPDataModule(Unloaded(5), None, None, MESH, atom_multiple=32, balance="balanced")
+    assert aliased.options == options
+    assert aliased.train_dataloader().options == options

@@ -16,7 +16,7 @@ from physicsnemo_foldcp.data.files import (
 )
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureRegistry
-from physicsnemo_foldcp.sharding.plan import FeatureValidationError
+from physicsnemo_foldcp.sharding.validation import FeatureValidationError
 
 
 def assert_same_sample(got: dict, expected: dict) -> None:

@@ -24,6 +24,7 @@ from physicsnemo_foldcp.data import (
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.errors import RemoteTraceback
 from physicsnemo_foldcp.features import FeatureRegistry
+from physicsnemo_foldcp.sharding.options import BalanceOptions, ShardingOptions
 from physicsnemo_foldcp.testing import collective_assert
 
 pytestmark = pytest.mark.multigpu_static
@@ -482,8 +483,15 @@ class RnaLigandComplexes(Complexes):
         return x
 
 
+BALANCED_HALF_PAIR = {
+    "options": dict(options=ShardingOptions(balance=BalanceOptions("balanced", pair_weight=0.5))),
+    "aliases": dict(balance="balanced", pair_weight=0.5),
+}
+
+
 @pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 2, 3), (1, 3, 3)], indirect=True, ids=mesh_id)
-def test_balanced_loader_uses_the_balanced_bounds_of_every_sample(fold_mesh):
+@pytest.mark.parametrize("given", list(BALANCED_HALF_PAIR))
+def test_balanced_loader_uses_the_balanced_bounds_of_every_sample(fold_mesh, given):
     from physicsnemo_foldcp.sharding.balance import (
         atoms_per_token,
         balanced_token_bounds,
@@ -493,9 +501,8 @@ def test_balanced_loader_uses_the_balanced_bounds_of_every_sample(fold_mesh):
     dataset = RnaLigandComplexes(sizes=(31, 44))
     registry = FeatureRegistry.preset("boltz2")
     cp0, cp1 = fold_mesh.cp
-    loader = ShardedLoader(
-        dataset, fold_mesh, mode="inference", balance="balanced", pair_weight=0.5
-    )
+    loader = ShardedLoader(dataset, fold_mesh, mode="inference", **BALANCED_HALF_PAIR[given])
+    assert loader.options.balance == BalanceOptions("balanced", pair_weight=0.5)
     problems, balanced_differs = [], False
     for item in loader:
         x = dataset[item.index]
@@ -513,3 +520,13 @@ def test_balanced_loader_uses_the_balanced_bounds_of_every_sample(fold_mesh):
 def test_balance_options_are_checked():
     with pytest.raises(ValueError, match="balance must be one of"):
         ShardedLoader(tiny(2), None, balance="uniform")  # type: ignore[arg-type]
+    balanced = ShardingOptions(balance=BalanceOptions(mode="balanced"))
+    with pytest.raises(ValueError, match=r"balance='even' contradicts options.balance.mode"):
+        ShardedLoader(tiny(2), None, options=balanced, balance="even")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"computes token_bounds per sample"):
+        ShardedLoader(
+            tiny(2),
+            None,  # type: ignore[arg-type]
+            options=balanced,
+            scatter_options={"token_bounds": (0, 1, 2)},
+        )

@@ -8,8 +8,8 @@ import torch
 from physicsnemo_foldcp.data.files import FeatureFileError, validate_sample
 from physicsnemo_foldcp.data.synthetic import PRESET_KEYS, make_complex
 from physicsnemo_foldcp.features import FeatureRegistry, UnknownFeatureError
-from physicsnemo_foldcp.sharding.layout import prepare_sample
-from physicsnemo_foldcp.sharding.plan import FeatureValidationError
+from physicsnemo_foldcp.sharding.prepare import prepare_sample
+from physicsnemo_foldcp.sharding.validation import FeatureValidationError
 
 PRESETS = ["boltz1", "boltz2"]
 CASES = [

@@ -18,7 +18,7 @@ from physicsnemo_foldcp import scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureSpec
 from physicsnemo_foldcp.ops import compat, tag_maps, wrap
-from physicsnemo_foldcp.sharding.layout import local_block, sharding_shapes
+from physicsnemo_foldcp.sharding.plan import local_block, sharding_shapes
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 
 PADDINGS = {"no-pad": {}, "pad-4-32": {"token_multiple": 4, "atom_multiple": 32}}

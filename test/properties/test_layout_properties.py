@@ -5,13 +5,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from physicsnemo_foldcp.sharding.layout import (
-    expand_wire_blocks,
-    local_block,
-    pack_rank,
-    prepare_sample,
-)
 from physicsnemo_foldcp.sharding.packing import unpack
+from physicsnemo_foldcp.sharding.plan import local_block
+from physicsnemo_foldcp.sharding.prepare import prepare_sample
+from physicsnemo_foldcp.sharding.wire import expand_wire_blocks, pack_rank
 from physicsnemo_foldcp.testing.random_sample import (
     RandomSampleSpec,
     random_registry,

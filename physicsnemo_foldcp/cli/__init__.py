@@ -1,0 +1,9 @@
+"""Command-line tools, kept apart from the library code they call.
+
+Each module is run as ``python -m physicsnemo_foldcp.cli.<tool>`` and holds only argument
+parsing, input loading and printing:
+
+* :mod:`~physicsnemo_foldcp.cli.plan_report`: what each rank of a ``cp0 x cp1`` mesh would
+  hold of one sample (:func:`physicsnemo_foldcp.sharding.plan_report.plan_report`), and a
+  drawing of the partition.
+"""
