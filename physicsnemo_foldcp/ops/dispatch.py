@@ -10,8 +10,9 @@
    their handlers (:func:`register_own`);
 3. looks the function up in the rule table (:mod:`physicsnemo_foldcp.ops.rules`) and
    runs its rules in order, the first that applies wins;
-4. runs a handler registered for the function with PhysicsNeMo's
-   ``ShardTensor.register_function_handler`` (PhysicsNeMo's own, or a user's), if any;
+4. for a function the table does not list, runs the handler registered for it with
+   PhysicsNeMo's ``ShardTensor.register_function_handler`` (PhysicsNeMo's own, or a
+   user's), if any;
 5. otherwise gathers every sharded operand and runs the serial function on the full
    tensors (:func:`physicsnemo_foldcp.ops.blockwise.run` without a dim map), reported as
    a fallback through :mod:`physicsnemo_foldcp.ops.events`.
@@ -106,12 +107,14 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
     own = OWN.get(func)
     if own is not None:
         return own(func, types, args, kwargs)
-    for rule in rules.rules_for(func, kwargs):
+    table_rules = rules.rules_for(func, kwargs)
+    for rule in table_rules:
         out = rule.apply(func, types, args, kwargs)
         if out is not NotImplemented:
             return out
-    if compat.registered_function_handler(func) is not None:
-        return upstream(func, types, args, kwargs)
+    if not table_rules and compat.registered_function_handler(func) is not None:
+        result = upstream(func, types, args, kwargs)
+        return rules.after_generic(func, args, kwargs, result)
     return rules.after_generic(func, args, kwargs, blockwise.run(func, args, kwargs, None))
 
 

@@ -16,9 +16,9 @@ applies to a call wins; a rule passes when the call is not of its form)::
                computed on local blocks (:mod:`physicsnemo_foldcp.ops.blockwise`),
                gathering only what an op reads along a sharded axis
     (no row)   a handler registered for the function with PhysicsNeMo's
-               ``ShardTensor.register_function_handler`` if there is one; otherwise all
-               operands gathered, the serial function on full tensors, reported as a
-               fallback
+               ``ShardTensor.register_function_handler`` if there is one; otherwise (and
+               when no rule of a listed function applies) all operands gathered, the
+               serial function on full tensors, reported as a fallback
 
 :func:`table` prints the whole table with every function it lists.
 """
