@@ -6,8 +6,8 @@
 
 One launch per mesh (``--cp``, by default the square mesh of the world size: 1x1, 2x2,
 3x3). For each ``N`` a synthetic Boltz-2 sample (``make_complex``, batched) is scattered
-over the mesh (``scatter_features``) and prepared as the training loop does
-(``prepare_features``: maps tagged, batch axis checked); the reference model
+over the mesh (``scatter_features``, which tags the atom<->token maps) and its batch axis
+checked as the training loop does (``check_batch``); the reference model
 (``ReferenceFoldModel``, seeded the same on every rank) is moved to the device and wrapped
 by ``wrap_model`` (synced over the domain group), its optimizer built by
 ``build_optimizer``; a step is what :func:`physicsnemo_foldcp.training.train` does per
@@ -72,9 +72,9 @@ from physicsnemo_foldcp.models.reference import TrunkBlock
 from physicsnemo_foldcp.training.loop import (
     OptimizerSettings,
     build_optimizer,
+    check_batch,
     forward_backward,
     loss_value,
-    prepare_features,
     set_precision,
 )
 
@@ -176,7 +176,8 @@ def run_train_step_benchmark(
         sample = {k: v.unsqueeze(0) for k, v in serial.items()}
         if serial_check:
             reference = serial_loss(sample, config, seed)
-    features = prepare_features(fc.scatter_features(sample, mesh))
+    features = fc.scatter_features(sample, mesh)
+    check_batch(features)
     del sample
     atoms = int(features["atom_to_token"].shape[1])
 

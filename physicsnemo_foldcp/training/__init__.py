@@ -22,7 +22,6 @@ from physicsnemo_foldcp.training.loop import (
     build_optimizer,
     check_batch,
     forward_backward,
-    prepare_features,
     train,
     write_summary,
 )
@@ -52,7 +51,6 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "predict",
-    "prepare_features",
     "read_distogram",
     "resolve_compile_mode",
     "save_checkpoint",

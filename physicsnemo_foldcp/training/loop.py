@@ -42,8 +42,6 @@ from physicsnemo_foldcp.distributed.wrappers import (
 )
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.models.reference import TrunkBlock, reference_loss
-from physicsnemo_foldcp.ops import tag_maps
-from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 from physicsnemo_foldcp.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -265,6 +263,10 @@ def build_optimizer(model: nn.Module, settings: OptimizerSettings) -> torch.opti
 def check_batch(features: Mapping[str, Any]) -> None:
     """Raise :class:`BatchSizeError` unless every tensor feature has a batch axis of 1.
 
+    The scatter accepts unbatched samples too, but the model reads one batched sample
+    (``[1, ...]``); this check is local (no communication). The scatter has already tagged
+    the atom<->token maps, so nothing else needs preparing before ``forward``.
+
     Parameters
     ----------
     features : Mapping[str, Any]
@@ -279,13 +281,6 @@ def check_batch(features: Mapping[str, Any]) -> None:
                     f"feature {name!r} has shape {shape}: the model reads one batched sample "
                     "([1, ...]) per domain group; grow the batch over the ddp mesh axis"
                 )
-
-
-def prepare_features(features: ShardedFeatures) -> ShardedFeatures:
-    """Tag the scattered atom<->token maps (idempotent) and check the batch axis."""
-    tag_maps(features)
-    check_batch(features)
-    return features
 
 
 def loss_value(loss: torch.Tensor) -> float:
@@ -314,7 +309,7 @@ def forward_backward(
     model : nn.Module
         The (wrapped) model.
     features : Mapping[str, Any]
-        One batched sample: plain tensors (serial) or prepared ShardTensors.
+        One batched sample: plain tensors (serial) or the ShardTensors of the scatter.
     loss_fn : callable
         ``loss_fn(outputs, features)`` -> scalar loss.
     precision : str
@@ -468,7 +463,8 @@ def train(
     try:
         batches = _batches(loader) if step < settings.steps else iter(())
         for item in batches:
-            features = prepare_features(item.features)
+            features = item.features
+            check_batch(features)
             inputs = local_features(features) if compiled == "whole" else features
             opt.zero_grad(set_to_none=True)
             loss = forward_backward(
@@ -562,7 +558,6 @@ __all__ = [
     "forward_backward",
     "loss_value",
     "peak_memory_bytes",
-    "prepare_features",
     "set_precision",
     "train",
     "write_summary",

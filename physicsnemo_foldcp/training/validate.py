@@ -30,7 +30,6 @@ from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.models.reference import reference_loss
-from physicsnemo_foldcp.ops import tag_maps
 from physicsnemo_foldcp.sharding.scatter import scatter_features
 
 _warned_tf32 = False
@@ -398,7 +397,6 @@ def validate_model(
             registry=registry,
             **dict(scatter_options or {}),
         )
-        tag_maps(features)
         with _fallback_tracing(comm, recorder, fallbacks), warnings.catch_warnings():
             # CommDebugMode's module tracker adds full backward hooks to every module;
             # torch warns that a module returning a dict (the model) gets none.

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from physicsnemo_foldcp.data import ShardedLoader
 from physicsnemo_foldcp.distributed.wrappers import unwrap
 from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel
 from physicsnemo_foldcp.testing import collective_assert
@@ -131,6 +132,39 @@ def test_a_batch_of_two_stops_before_any_step(fold_mesh):
     collective_assert(not moved, f"parameters changed: {moved}")
     with pytest.raises(BatchSizeError, match=r"batch size must be 1.*mesh.ddp"):
         train(model, mesh, SyntheticComplexes(2, 9, 12), TrainSettings(steps=2, batch_size=2))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+def test_a_step_adds_no_object_collective_to_the_loaders(fold_mesh, monkeypatch):
+    """The scatter tags the atom<->token maps once; a training step does not tag them again.
+
+    Re-tagging with a check costs one object all-gather per step; the loop's object
+    collectives are the loader's (scatter metadata, order checks) plus one at the end (peak
+    memory of every rank).
+    """
+    mesh = fold_mesh
+    dataset = SyntheticComplexes(4, 9, 13, seed=1, msa_rows=2)
+    calls = []
+    gather = dist.all_gather_object
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return gather(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_gather_object", counted)
+    loader = ShardedLoader(dataset, mesh, mode="train", seed=2)
+    steps = [item.index for _, item in zip(range(3), loader)]
+    by_loader = len(calls)
+    calls.clear()
+    settings = TrainSettings(steps=3, seed=2, progress=False, log_every=0)
+    result = train(fresh_model(), mesh, dataset, settings)
+    by_train = len(calls)
+    monkeypatch.undo()
+    collective_assert(
+        result.indices == steps and by_train == by_loader + 1,
+        f"train ran {result.indices} with {by_train} object all-gathers; the loader alone "
+        f"ran {steps} with {by_loader} (+1 expected for the peak memory)",
+    )
 
 
 @pytest.mark.parametrize(
