@@ -67,8 +67,7 @@ import physicsnemo_foldcp as fc
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import wrap_model
-from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel, reference_loss
-from physicsnemo_foldcp.models.reference import TrunkBlock
+from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel
 from physicsnemo_foldcp.training.loop import (
     OptimizerSettings,
     build_optimizer,
@@ -116,7 +115,7 @@ def serial_loss(sample: Mapping[str, torch.Tensor], config: ModelConfig, seed: i
     torch.manual_seed(seed)
     model = ReferenceFoldModel(config)
     with torch.no_grad():
-        return float(reference_loss(model(**sample), sample))
+        return float(model.loss(model(**sample), sample))
 
 
 def _max_rss() -> int:
@@ -183,13 +182,13 @@ def run_train_step_benchmark(
 
     torch.manual_seed(seed)
     model = ReferenceFoldModel(config).to(mesh.device)
-    wrapped = wrap_model(model, mesh, "auto", shard_modules=(TrunkBlock,))
+    wrapped = wrap_model(model, mesh, "auto", shard_modules=model.fsdp_units)
     opt = build_optimizer(wrapped, optimizer or OptimizerSettings())
     wrapped.train()
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        loss = forward_backward(wrapped, features, reference_loss, device=mesh.device)
+        loss = forward_backward(wrapped, features, device=mesh.device)  # the model's loss
         opt.step()
         return loss_value(loss)
 

@@ -5,9 +5,9 @@
   compiled (``nn.Module.compile(dynamic=False)``), as plain PyTorch. Any wrapper works.
 * ``regional`` (a larger CP mesh): the ops that communicate (the cross-axis ops, the
   pair-biased attention) stay eager; only regions that compute on local blocks are
-  compiled, by default the transitions and the distogram head
-  (:class:`~physicsnemo_foldcp.models.reference.Transition`,
-  :class:`~physicsnemo_foldcp.models.reference.DistogramHead`). A compiled region hands
+  compiled: the module types the model declares as ``compile_regions`` (the reference
+  model's transitions and distogram head), or ``train.compile_regions``
+  (:mod:`~physicsnemo_foldcp.training.hooks`). A compiled region hands
   its plain weights a ``Partial`` ShardTensor gradient (PhysicsNeMo 2.2 with torch 2.14)
   instead of the reduced plain tensor of eager mode; :func:`reduce_partial_gradients`
   reduces them after ``backward`` (one all-reduce per partial mesh dim and weight, as in
@@ -35,15 +35,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
-from physicsnemo_foldcp.models.reference import DistogramHead, Transition
+from physicsnemo_foldcp.training.hooks import module_types
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
 COMPILE_MODES = ("none", "auto", "whole", "regional")
 """Choices of :func:`compile_model`."""
-
-DEFAULT_REGIONS: tuple[type[nn.Module], ...] = (Transition, DistogramHead)
-"""Module types compiled by the regional mode."""
 
 
 def resolve_compile_mode(mode: str, cp: Sequence[int]) -> str:
@@ -86,7 +83,7 @@ def compile_model(
     mesh: FoldMesh,
     mode: str = "auto",
     *,
-    regions: Sequence[type[nn.Module]] = DEFAULT_REGIONS,
+    regions: Sequence[type[nn.Module]] | None = None,
     backend: str = "inductor",
 ) -> list[str]:
     """Compile ``model`` in place for ``mesh``'s CP shape.
@@ -99,8 +96,9 @@ def compile_model(
         The job's mesh.
     mode : {"none", "auto", "whole", "regional"}
         See :func:`resolve_compile_mode`.
-    regions : Sequence[type], default (Transition, DistogramHead)
-        Module types compiled by the regional mode.
+    regions : Sequence[type], optional
+        Module types compiled by the regional mode; by default the model class's
+        ``compile_regions``.
     backend : str, default "inductor"
         ``torch.compile`` backend.
 
@@ -116,7 +114,7 @@ def compile_model(
         model.compile(dynamic=False, backend=backend)
         compiled = [""]
     else:
-        kinds = tuple(regions)
+        kinds = module_types(model, "compile_regions", regions)
         compiled = [name for name, m in model.named_modules() if isinstance(m, kinds)]
         for name in compiled:
             model.get_submodule(name).compile(dynamic=False, backend=backend)
@@ -163,7 +161,6 @@ def reduce_partial_gradients(model: nn.Module) -> int:
 
 __all__ = [
     "COMPILE_MODES",
-    "DEFAULT_REGIONS",
     "compile_model",
     "local_features",
     "reduce_partial_gradients",

@@ -21,7 +21,7 @@ import math
 import os
 import resource
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,6 @@ from physicsnemo_foldcp.distributed.wrappers import (
     wrap_model,
 )
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.models.reference import TrunkBlock, reference_loss
 from physicsnemo_foldcp.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -54,6 +53,7 @@ from physicsnemo_foldcp.training.compile import (
     reduce_partial_gradients,
     resolve_compile_mode,
 )
+from physicsnemo_foldcp.training.hooks import LossFn, model_loss, module_types
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
@@ -62,8 +62,6 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 
 OPTIMIZERS = ("adamw", "sgd")
 """Optimizers :func:`build_optimizer` knows."""
-
-LossFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], torch.Tensor]
 
 
 class BatchSizeError(ValueError):
@@ -105,7 +103,7 @@ class TrainSettings:
         Total optimizer steps of the run (a resumed run continues up to it).
     wrapper : {"auto", "none", "ddp", "fsdp2"}
         Data-parallel wrapper over the ``ddp`` axis (see :func:`wrap_model`; with
-        ``fsdp2`` every trunk block is sharded on its own, then the root).
+        ``fsdp2`` every FSDP unit of the model is sharded on its own, then the root).
     precision : {"fp32", "tf32", "bf16"}
         Numerics of the forward pass.
     seed : int
@@ -131,6 +129,13 @@ class TrainSettings:
     metrics_file : str or None
         Rank 0 writes one JSON line per step (step, loss, seconds) to this file (a
         resumed run appends to it).
+    fsdp_units, compile_regions : list[str] or None
+        Class paths (or classes) of the submodules FSDP2 shards one by one and regional
+        compile compiles; ``None``: the model class's ``fsdp_units`` /
+        ``compile_regions`` (see :mod:`~physicsnemo_foldcp.training.hooks`).
+    loss : str or None
+        Path of a ``loss(outputs, features)`` function; ``None``: the model's ``loss``
+        method.
     """
 
     steps: int = 30
@@ -146,6 +151,9 @@ class TrainSettings:
     batch_size: int = 1
     progress: bool = True
     metrics_file: str | None = None
+    fsdp_units: list[str] | None = None
+    compile_regions: list[str] | None = None
+    loss: str | None = None
 
     def check(self) -> None:
         """Raise a clear ``ValueError`` for an invalid setting (before any work)."""
@@ -297,7 +305,7 @@ def loss_value(loss: torch.Tensor) -> float:
 def forward_backward(
     model: nn.Module,
     features: Mapping[str, Any],
-    loss_fn: LossFn = reference_loss,
+    loss_fn: LossFn | None = None,
     *,
     precision: str = "fp32",
     device: torch.device | None = None,
@@ -310,13 +318,15 @@ def forward_backward(
         The (wrapped) model.
     features : Mapping[str, Any]
         One batched sample: plain tensors (serial) or the ShardTensors of the scatter.
-    loss_fn : callable
-        ``loss_fn(outputs, features)`` -> scalar loss.
+    loss_fn : callable, optional
+        ``loss_fn(outputs, features)`` -> scalar loss; the model's ``loss`` method by
+        default (of the model inside a DDP wrapper).
     precision : str
         See :data:`PRECISIONS`.
     device : torch.device, optional
         Device type for autocast; CPU by default.
     """
+    loss_fn = loss_fn if loss_fn is not None else model_loss(unwrap(model))
     with autocast(precision, device or torch.device("cpu")):
         outputs = model(**features)
         loss = loss_fn(outputs, features)
@@ -365,7 +375,7 @@ def train(
     settings: TrainSettings | None = None,
     *,
     optimizer: OptimizerSettings | None = None,
-    loss_fn: LossFn = reference_loss,
+    loss_fn: LossFn | None = None,
     registry: FeatureRegistry | None = None,
     loader_options: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
@@ -386,8 +396,9 @@ def train(
         Run options; defaults otherwise.
     optimizer : OptimizerSettings, optional
         Optimizer; AdamW with defaults otherwise.
-    loss_fn : callable, default :func:`~physicsnemo_foldcp.models.reference_loss`
-        ``loss_fn(outputs, features)`` -> scalar loss (replicated over the domain group).
+    loss_fn : callable, optional
+        ``loss_fn(outputs, features)`` -> scalar loss (replicated over the domain group);
+        by default ``settings.loss``, else the model's ``loss`` method.
     registry : FeatureRegistry, optional
         Axis meanings of the features (Boltz-2 preset by default).
     loader_options : Mapping, optional
@@ -405,9 +416,18 @@ def train(
     ------
     BatchSizeError
         Before any work, when ``settings.batch_size != 1``.
+
+    Notes
+    -----
+    The model's FSDP2 units, compile regions and loss come from its class, or from
+    ``settings`` (see :mod:`~physicsnemo_foldcp.training.hooks`): nothing here knows the
+    model.
     """
     settings = settings or TrainSettings()
     settings.check()
+    loss_fn = model_loss(model, loss_fn if loss_fn is not None else settings.loss)
+    fsdp_units = module_types(model, "fsdp_units", settings.fsdp_units)
+    regions = module_types(model, "compile_regions", settings.compile_regions)
     wrapper = resolve_wrapper(settings.wrapper, mesh)
     compiled = resolve_compile_mode(settings.compile, mesh.cp)
     if compiled == "regional" and wrapper != "none":
@@ -421,8 +441,10 @@ def train(
     rank0 = mesh.rank == 0
 
     model = model.to(mesh.device)
-    wrapped = wrap_model(model, mesh, settings.wrapper, shard_modules=(TrunkBlock,))
-    compile_model(unwrap(wrapped), mesh, settings.compile, backend=settings.compile_backend)
+    wrapped = wrap_model(model, mesh, settings.wrapper, shard_modules=fsdp_units)
+    compile_model(
+        unwrap(wrapped), mesh, settings.compile, regions=regions, backend=settings.compile_backend
+    )
     opt = build_optimizer(wrapped, opt_settings)
     loader = ShardedLoader(
         dataset,
