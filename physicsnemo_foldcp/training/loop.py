@@ -84,6 +84,11 @@ class OptimizerSettings:
         AdamW's betas.
     momentum : float
         SGD's momentum.
+
+    Notes
+    -----
+    This is also the schema of the Hydra ``optimizer`` group
+    (:mod:`physicsnemo_foldcp.training.config`): its defaults are the only ones.
     """
 
     name: str = "adamw"
@@ -91,6 +96,13 @@ class OptimizerSettings:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {self.name!r}")
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        if len(self.betas) != 2:
+            raise ValueError(f"optimizer.betas must be two numbers, got {list(self.betas)}")
 
 
 @dataclass
@@ -136,6 +148,12 @@ class TrainSettings:
     loss : str or None
         Path of a ``loss(outputs, features)`` function; ``None``: the model's ``loss``
         method.
+
+    Notes
+    -----
+    This is also the schema of the Hydra ``train`` group
+    (:mod:`physicsnemo_foldcp.training.config`): its defaults are the only ones. Invalid
+    values raise when the settings are built.
     """
 
     steps: int = 30
@@ -143,7 +161,7 @@ class TrainSettings:
     precision: str = "fp32"
     seed: int = 0
     log_every: int = 10
-    checkpoint_every: int = 0
+    checkpoint_every: int = 10
     checkpoint_dir: str | None = None
     resume: str | None = None
     compile: str = "none"
@@ -154,6 +172,9 @@ class TrainSettings:
     fsdp_units: list[str] | None = None
     compile_regions: list[str] | None = None
     loss: str | None = None
+
+    def __post_init__(self) -> None:
+        self.check()
 
     def check(self) -> None:
         """Raise a clear ``ValueError`` for an invalid setting (before any work)."""
