@@ -6,8 +6,8 @@
 
 One launch per mesh (``--cp``, by default the square mesh of the world size: 1x1, 2x2,
 3x3). For each ``N`` a synthetic Boltz-2 sample (``make_complex``, batched) is scattered
-over the mesh (``scatter_features``) and prepared as the training loop does
-(``prepare_features``: maps tagged, batch axis checked); the reference model
+over the mesh (``scatter_features``, which tags the atom<->token maps) and its batch axis
+checked as the training loop does (``check_batch``); the reference model
 (``ReferenceFoldModel``, seeded the same on every rank) is moved to the device and wrapped
 by ``wrap_model`` (synced over the domain group), its optimizer built by
 ``build_optimizer``; a step is what :func:`physicsnemo_foldcp.training.train` does per
@@ -67,15 +67,14 @@ import physicsnemo_foldcp as fc
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import wrap_model
-from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel, reference_loss
-from physicsnemo_foldcp.models.reference import TrunkBlock
+from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel
 from physicsnemo_foldcp.ops import compat
 from physicsnemo_foldcp.training.loop import (
     OptimizerSettings,
     build_optimizer,
+    check_batch,
     forward_backward,
     loss_value,
-    prepare_features,
     set_precision,
 )
 
@@ -117,7 +116,7 @@ def serial_loss(sample: Mapping[str, torch.Tensor], config: ModelConfig, seed: i
     torch.manual_seed(seed)
     model = ReferenceFoldModel(config)
     with torch.no_grad():
-        return float(reference_loss(model(**sample), sample))
+        return float(model.loss(model(**sample), sample))
 
 
 def _max_rss() -> int:
@@ -177,19 +176,20 @@ def run_train_step_benchmark(
         sample = {k: v.unsqueeze(0) for k, v in serial.items()}
         if serial_check:
             reference = serial_loss(sample, config, seed)
-    features = prepare_features(fc.scatter_features(sample, mesh))
+    features = fc.scatter_features(sample, mesh)
+    check_batch(features)
     del sample
     atoms = int(features["atom_to_token"].shape[1])
 
     torch.manual_seed(seed)
     model = ReferenceFoldModel(config).to(mesh.device)
-    wrapped = wrap_model(model, mesh, "auto", shard_modules=(TrunkBlock,))
+    wrapped = wrap_model(model, mesh, "auto", shard_modules=model.fsdp_units)
     opt = build_optimizer(wrapped, optimizer or OptimizerSettings())
     wrapped.train()
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        loss = forward_backward(wrapped, features, reference_loss, device=mesh.device)
+        loss = forward_backward(wrapped, features, device=mesh.device)  # the model's loss
         opt.step()
         return loss_value(loss)
 

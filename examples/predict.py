@@ -9,15 +9,24 @@ Each domain group predicts its share of the samples; its source rank writes
 the same files whatever the mesh.
 """
 
+import dataclasses
 import logging
 import warnings
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import physicsnemo_foldcp as fc
 from physicsnemo_foldcp.training import load_checkpoint, predict
-from physicsnemo_foldcp.training.config import build_dataset, build_model, loader_options
+from physicsnemo_foldcp.training.config import (
+    PredictAppConfig,
+    build_dataset,
+    build_model,
+    data_config,
+    loader_options,
+    sharding_options,
+    typed,
+)
 
 warnings.filterwarnings("ignore", message=".*is deprecated")
 
@@ -25,25 +34,26 @@ warnings.filterwarnings("ignore", message=".*is deprecated")
 @hydra.main(config_path="../conf", config_name="predict", version_base=None)
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    conf = OmegaConf.to_container(cfg, resolve=True)
-    options = conf["predict"]
-    mesh = fc.init_mesh(
-        ddp=conf["mesh"]["ddp"], cp=tuple(conf["mesh"]["cp"]), timeout_s=conf["mesh"]["timeout_s"]
-    )
+    # Every option is checked here, before any work: keys, types and values.
+    conf = typed(PredictAppConfig, cfg, None)
+    data = data_config(conf.data)
+    sharding = sharding_options(conf.sharding)
+    options = conf.predict
+    mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
     try:
-        registry = fc.FeatureRegistry.from_config(conf["registry"])
-        dataset = build_dataset(conf["data"])
-        model = build_model(conf["model"], int(options["seed"])).to(mesh.device)
-        if options.get("checkpoint"):
-            load_checkpoint(options["checkpoint"], model, restore_rng=False)
+        registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
+        dataset = build_dataset(data)
+        model = build_model(conf.model, options.seed).to(mesh.device)
+        if options.checkpoint:
+            load_checkpoint(options.checkpoint, model, restore_rng=False)
         result = predict(
             model,
             mesh,
             dataset,
-            options["out_dir"],
+            options.out_dir,
             registry=registry,
-            precision=options["precision"],
-            loader_options=loader_options(conf["data"]),
+            precision=options.precision,
+            loader_options=loader_options(sharding, num_workers=data.num_workers),
         )
         if mesh.rank == 0:
             logging.info("rank 0 wrote %s", ", ".join(result.files) or "nothing")

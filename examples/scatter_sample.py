@@ -3,21 +3,24 @@
     python examples/scatter_sample.py                                   # 1 process, 1x1
     torchrun --standalone --nproc-per-node 4 examples/scatter_sample.py mesh.cp=[2,2]
     torchrun --standalone --nproc-per-node 6 examples/scatter_sample.py mesh.cp=[2,3] \
-        registry=boltz1 sample.n_tokens=512 scatter.atom_multiple=32
+        registry=boltz1 sample.n_tokens=512 sharding.atom_multiple=32
+
+How the sample is sharded is the sharding group (ShardingOptions), as for training.
 """
 
+import dataclasses
 import logging
 import warnings
 
 import hydra
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import physicsnemo_foldcp as fc
 from physicsnemo_foldcp.data.synthetic import make_complex
-from physicsnemo_foldcp.sharding.balance import plan_token_bounds
 from physicsnemo_foldcp.sharding.report import audit_features, sharding_report
 from physicsnemo_foldcp.testing import collective_assert
+from physicsnemo_foldcp.training.config import ScatterAppConfig, sharding_options, typed
 
 warnings.filterwarnings("ignore", message=".*all_gather_tensor.* is deprecated")
 
@@ -25,37 +28,27 @@ warnings.filterwarnings("ignore", message=".*all_gather_tensor.* is deprecated")
 @hydra.main(config_path="../conf", config_name="scatter", version_base=None)
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    mesh = fc.init_mesh(ddp=cfg.mesh.ddp, cp=tuple(cfg.mesh.cp), timeout_s=cfg.mesh.timeout_s)
-    registry = fc.FeatureRegistry.from_config(OmegaConf.to_container(cfg.registry))
+    conf = typed(ScatterAppConfig, cfg, None)
+    options = sharding_options(conf.sharding)
+    mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
+    registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
     sample = None
     if mesh.is_domain_source:
         sample = make_complex(
-            cfg.sample.n_tokens,
-            seed=cfg.sample.seed + mesh.ddp_rank,
+            conf.sample.n_tokens,
+            seed=conf.sample.seed + mesh.ddp_rank,
             preset=registry.name if registry.name in ("boltz1", "boltz2") else "boltz2",
-            msa_rows=cfg.sample.msa_rows,
-            n_conformers=cfg.sample.n_conformers,
+            msa_rows=conf.sample.msa_rows,
+            n_conformers=conf.sample.n_conformers,
         )
-    bounds = None
-    if sample is not None:
-        balance = cfg.balance
-        bounds = plan_token_bounds(
-            sample,
-            mesh.cp,
-            balance=balance.mode,
-            pair_weight=balance.pair_weight,
-            atom_weight=balance.atom_weight,
-        )
-    sharded = fc.scatter_features(
-        sample, mesh, registry=registry, token_bounds=bounds, **cfg.scatter
-    )
+    sharded = fc.scatter_features(sample, mesh, registry=registry, options=options)
     report = sharding_report(sharded)
     findings = audit_features(sharded)
     gathered = fc.gather_features(sharded)
     exact = sample is None or all(torch.equal(gathered[k], v) for k, v in sample.items())
     collective_assert(exact, "gather_features(scatter_features(x)) != x")
     if mesh.rank == 0:
-        if cfg.report:
+        if conf.report:
             print(report.format())
         print(f"audit: {'clean' if not findings else findings}")
         print(

@@ -1,14 +1,16 @@
-"""Train the reference model over the ddp x cp0 x cp1 mesh (Hydra app, config conf/train.yaml).
+"""Train a model over the ddp x cp0 x cp1 mesh (Hydra app, config conf/train.yaml).
 
     python examples/train.py                                                  # 1 process
     torchrun --standalone --nproc-per-node 4 examples/train.py mesh.cp=[2,2]
     torchrun --standalone --nproc-per-node 4 examples/train.py mesh.cp=[1,2] train.wrapper=fsdp2
     torchrun --standalone --nproc-per-node 4 examples/train.py mesh.cp=[2,2] train.resume=latest
 
-Rank 0 shows the progress bar and the losses, writes ${run_dir}/metrics.jsonl (one line per
-step) and ${run_dir}/summary.json; checkpoints go to train.checkpoint_dir.
+The model is the model group's _target_ (the reference model by default). Rank 0 shows the
+progress bar and the losses, writes ${run_dir}/metrics.jsonl (one line per step) and
+${run_dir}/summary.json; checkpoints go to train.checkpoint_dir.
 """
 
+import dataclasses
 import logging
 import warnings
 from pathlib import Path
@@ -19,11 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 import physicsnemo_foldcp as fc
 from physicsnemo_foldcp.training import train, write_summary
 from physicsnemo_foldcp.training.config import (
+    TrainAppConfig,
     build_dataset,
     build_model,
+    data_config,
     loader_options,
-    optimizer_settings,
-    train_settings,
+    sharding_options,
+    typed,
 )
 
 warnings.filterwarnings("ignore", message=".*is deprecated")
@@ -34,30 +38,29 @@ warnings.filterwarnings("ignore", message=".*sequential all_reduce operations")
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    conf = OmegaConf.to_container(cfg, resolve=True)
-    settings = train_settings(conf["train"], conf["data"])
-    optimizer = optimizer_settings(conf["optimizer"])
-    mesh = fc.init_mesh(
-        ddp=conf["mesh"]["ddp"], cp=tuple(conf["mesh"]["cp"]), timeout_s=conf["mesh"]["timeout_s"]
-    )
+    # Every option is checked here, before any work: keys, types and values.
+    conf = typed(TrainAppConfig, cfg, None)
+    data = data_config(conf.data)
+    sharding = sharding_options(conf.sharding)
+    mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
     try:
-        registry = fc.FeatureRegistry.from_config(conf["registry"])
-        dataset = build_dataset(conf["data"])
-        model = build_model(conf["model"], settings.seed)
+        registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
+        dataset = build_dataset(data)
+        model = build_model(conf.model, conf.train.seed)
         if mesh.rank == 0:
             logging.info("%s", dataset)
         result = train(
             model,
             mesh,
             dataset,
-            settings,
-            optimizer=optimizer,
+            conf.train,
+            optimizer=conf.optimizer,
             registry=registry,
-            loader_options=loader_options(conf["data"]),
-            extra={"config": conf},
+            loader_options=loader_options(sharding, num_workers=data.num_workers),
+            extra={"config": OmegaConf.to_container(cfg, resolve=True)},
         )
         if mesh.rank == 0:
-            write_summary(result, Path(conf["run_dir"]) / "summary.json")
+            write_summary(result, Path(conf.run_dir) / "summary.json")
     finally:
         fc.shutdown()
 

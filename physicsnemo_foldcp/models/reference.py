@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -317,7 +318,17 @@ class ReferenceFoldModel(nn.Module):
     Parameters
     ----------
     config : ModelConfig, optional
-        Sizes; the defaults otherwise. Keyword arguments override fields of it.
+        Sizes; the defaults otherwise. Keyword arguments override fields of it (what the
+        Hydra ``model`` group passes: ``ReferenceFoldModel(c_token=64)``).
+
+    Attributes
+    ----------
+    fsdp_units : tuple[type[nn.Module], ...]
+        Submodule types the training loop ``fully_shard``-s one by one under FSDP2 (the
+        trunk blocks), before the root.
+    compile_regions : tuple[type[nn.Module], ...]
+        Submodule types ``compile=regional`` compiles: they compute on local blocks only
+        (no cross-axis op), so a compiled graph holds no communication.
 
     Notes
     -----
@@ -328,6 +339,9 @@ class ReferenceFoldModel(nn.Module):
     (pair outputs as the ``(Shard(1), Shard(2))`` tile, ``s`` as ``(Shard(1),
     Replicate())`` when distributed).
     """
+
+    fsdp_units: ClassVar[tuple[type[nn.Module], ...]] = (TrunkBlock,)
+    compile_regions: ClassVar[tuple[type[nn.Module], ...]] = (Transition, DistogramHead)
 
     def __init__(self, config: ModelConfig | None = None, **overrides: int):
         super().__init__()
@@ -386,6 +400,25 @@ class ReferenceFoldModel(nn.Module):
         for block in self.blocks:
             s, z = block(s, z, mask)
         return {"pdistogram": self.distogram(z), "s": s, "z": z}
+
+    def loss(
+        self, outputs: Mapping[str, torch.Tensor], feats: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The training loss of :meth:`forward`'s outputs: :func:`reference_loss`.
+
+        Parameters
+        ----------
+        outputs : Mapping[str, torch.Tensor]
+            What :meth:`forward` returned (reads ``pdistogram [B, N, N, bins]``).
+        feats : Mapping[str, torch.Tensor]
+            The features it read (``disto_target``, ``token_disto_mask``).
+
+        Returns
+        -------
+        torch.Tensor
+            The scalar loss; distributed, a replicated ShardTensor holding the serial value.
+        """
+        return reference_loss(outputs, feats)
 
 
 def distogram_loss(

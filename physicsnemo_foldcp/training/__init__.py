@@ -4,6 +4,9 @@
 * :func:`predict`: distograms of a dataset, written in the serial layout.
 * :func:`validate_model`: serial vs distributed comparison of your own model.
 * :func:`compile_model`: whole-model or regional ``torch.compile`` by CP shape.
+* :mod:`~physicsnemo_foldcp.training.hooks`: what the loop reads from a model (its FSDP2
+  units, compile regions and loss); :mod:`~physicsnemo_foldcp.training.config`: the Hydra
+  schemas of the apps.
 """
 
 from physicsnemo_foldcp.data.datasets import BatchedFiles, SyntheticComplexes, batched
@@ -14,6 +17,7 @@ from physicsnemo_foldcp.training.checkpoint import (
     save_checkpoint,
 )
 from physicsnemo_foldcp.training.compile import compile_model, resolve_compile_mode
+from physicsnemo_foldcp.training.hooks import model_loss, module_types
 from physicsnemo_foldcp.training.loop import (
     BatchSizeError,
     OptimizerSettings,
@@ -22,7 +26,6 @@ from physicsnemo_foldcp.training.loop import (
     build_optimizer,
     check_batch,
     forward_backward,
-    prepare_features,
     train,
     write_summary,
 )
@@ -51,8 +54,9 @@ __all__ = [
     "forward_backward",
     "latest_checkpoint",
     "load_checkpoint",
+    "model_loss",
+    "module_types",
     "predict",
-    "prepare_features",
     "read_distogram",
     "resolve_compile_mode",
     "save_checkpoint",

@@ -5,14 +5,16 @@
   compiled (``nn.Module.compile(dynamic=False)``), as plain PyTorch. Any wrapper works.
 * ``regional`` (a larger CP mesh): the ops that communicate (the cross-axis ops, the
   pair-biased attention) stay eager; only regions that compute on local blocks are
-  compiled, by default the transitions and the distogram head
-  (:class:`~physicsnemo_foldcp.models.reference.Transition`,
-  :class:`~physicsnemo_foldcp.models.reference.DistogramHead`). A compiled region hands
-  its plain weights a ``Partial`` ShardTensor gradient (PhysicsNeMo 2.2 with torch 2.14)
-  instead of the reduced plain tensor of eager mode; :func:`reduce_partial_gradients`
-  reduces them after ``backward`` (one all-reduce per partial mesh dim and weight, as in
-  eager mode). DDP and FSDP2 reduce gradients inside ``backward``, before that step can
-  run, so regional compile needs ``ddp == 1`` (wrapper ``none``).
+  compiled: the module types the model declares as ``compile_regions`` (the reference
+  model's transitions and distogram head), or ``train.compile_regions``
+  (:mod:`~physicsnemo_foldcp.training.hooks`). A region's forward becomes a
+  :class:`LocalRegion`: the compiled module runs on the local blocks of its ShardTensor
+  inputs (plain tensors, so the plugin's dispatch stays out of the graph) and its result
+  is wrapped in the inputs' layout. Its weights then hold this rank's part of their
+  gradient; :func:`reduce_region_gradients` sums them over the mesh dims the inputs were
+  sharded on after ``backward`` (one all-reduce per such mesh dim and weight, as in eager
+  mode). DDP and FSDP2 reduce gradients inside ``backward``, before that step can run, so
+  regional compile needs ``ddp == 1`` (wrapper ``none``).
 
 ``dynamic=False`` keeps symbolic shapes out of the ShardTensor specs (PhysicsNeMo's
 advice); every new complex size recompiles. Compiling the whole model on ShardTensor
@@ -30,20 +32,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from physicsnemo.domain_parallel import ShardTensor
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.device_mesh import DeviceMesh
 
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
-from physicsnemo_foldcp.models.reference import DistogramHead, Transition
+from physicsnemo_foldcp.ops import compat, wrap
+from physicsnemo_foldcp.ops._blocks import all_reduce, local_of
+from physicsnemo_foldcp.training.hooks import module_types
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
 COMPILE_MODES = ("none", "auto", "whole", "regional")
 """Choices of :func:`compile_model`."""
-
-DEFAULT_REGIONS: tuple[type[nn.Module], ...] = (Transition, DistogramHead)
-"""Module types compiled by the regional mode."""
 
 
 def resolve_compile_mode(mode: str, cp: Sequence[int]) -> str:
@@ -86,7 +88,7 @@ def compile_model(
     mesh: FoldMesh,
     mode: str = "auto",
     *,
-    regions: Sequence[type[nn.Module]] = DEFAULT_REGIONS,
+    regions: Sequence[type[nn.Module]] | None = None,
     backend: str = "inductor",
 ) -> list[str]:
     """Compile ``model`` in place for ``mesh``'s CP shape.
@@ -99,8 +101,9 @@ def compile_model(
         The job's mesh.
     mode : {"none", "auto", "whole", "regional"}
         See :func:`resolve_compile_mode`.
-    regions : Sequence[type], default (Transition, DistogramHead)
-        Module types compiled by the regional mode.
+    regions : Sequence[type], optional
+        Module types compiled by the regional mode; by default the model class's
+        ``compile_regions``.
     backend : str, default "inductor"
         ``torch.compile`` backend.
 
@@ -116,10 +119,11 @@ def compile_model(
         model.compile(dynamic=False, backend=backend)
         compiled = [""]
     else:
-        kinds = tuple(regions)
+        kinds = module_types(model, "compile_regions", regions)
         compiled = [name for name, m in model.named_modules() if isinstance(m, kinds)]
         for name in compiled:
-            model.get_submodule(name).compile(dynamic=False, backend=backend)
+            module = model.get_submodule(name)
+            module.forward = LocalRegion(module, backend)
     if mesh.rank == 0:
         logger.info(
             "torch.compile (%s, backend %s): %s",
@@ -135,11 +139,75 @@ def local_features(features: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.to_local() if isinstance(v, ShardTensor) else v for k, v in features.items()}
 
 
-def reduce_partial_gradients(model: nn.Module) -> int:
-    """Turn ``Partial`` ShardTensor gradients of plain parameters into reduced plain tensors.
+class LocalRegion:
+    """A compiled region's forward: the compiled module on the local blocks of its inputs.
 
-    Collective over the domain group: ONE all-reduce per partial mesh dim of each such
-    gradient (none when there is none). Every rank must call it after the same backward.
+    Every ShardTensor argument must have the same layout (mesh, placements, sharding
+    shapes); the module must keep the sharded dims (it acts on trailing dims only, as a
+    transition or a head does). Plain-tensor calls run the compiled module as they are.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The region; its ``forward`` is compiled with ``torch.compile(dynamic=False)``.
+    backend : str
+        ``torch.compile`` backend.
+
+    Attributes
+    ----------
+    sharded_over : tuple[DeviceMesh, tuple[int, ...]] or None
+        The mesh and the mesh dims the inputs of the last call were sharded over, whose
+        ranks each hold part of the weights' gradients.
+    """
+
+    def __init__(self, module: nn.Module, backend: str):
+        self.name = type(module).__name__
+        self.compiled = torch.compile(module.forward, dynamic=False, backend=backend)
+        self.sharded_over: tuple[DeviceMesh, tuple[int, ...]] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the compiled module on local blocks; the result has the inputs' layout."""
+        sharded = [a for a in args if isinstance(a, ShardTensor)]
+        if not sharded:
+            return self.compiled(*args, **kwargs)
+        ref = sharded[0]
+        shapes = compat.sharding_shapes(ref) or {}
+        for other in sharded[1:]:
+            if (other.device_mesh, tuple(other.placements)) != (
+                ref.device_mesh,
+                tuple(ref.placements),
+            ) or compat.sharding_shapes(other) != compat.sharding_shapes(ref):
+                raise ValueError(
+                    f"compiled region {self.name}: its ShardTensor inputs have different "
+                    f"layouts ({ref.placements} and {other.placements})"
+                )
+        local = [local_of(a) if isinstance(a, ShardTensor) else a for a in args]
+        out = self.compiled(*local, **kwargs)
+        sharded_dims = {m: p.dim for m, p in enumerate(ref.placements) if p.is_shard()}
+        self.sharded_over = (ref.device_mesh, tuple(sharded_dims))
+
+        held = compat.local_tensor(ref).shape
+
+        def layout(t: torch.Tensor) -> dict[int, list[tuple[int, ...]]]:
+            new = {}
+            for m, dim in sharded_dims.items():
+                if t.ndim <= dim or t.shape[dim] != held[dim]:
+                    raise ValueError(
+                        f"compiled region {self.name}: its result {tuple(t.shape)} does not "
+                        f"keep the sharded dim {dim} of its input {tuple(held)}"
+                    )
+                new[m] = [(*t.shape[:dim], s[dim], *t.shape[dim + 1 :]) for s in shapes[m]]
+            return new
+
+        return wrap(out, ref.device_mesh, ref.placements, layout(out))
+
+
+def reduce_region_gradients(model: nn.Module) -> int:
+    """Sum the weights' gradients of every compiled region over the mesh dims it ran sharded on.
+
+    Collective over the domain group: ONE all-reduce per sharded mesh dim of each weight of
+    a :class:`LocalRegion` called with ShardTensors (none otherwise). Every rank must call
+    it after the same backward.
 
     Parameters
     ----------
@@ -152,20 +220,25 @@ def reduce_partial_gradients(model: nn.Module) -> int:
         How many gradients were reduced.
     """
     reduced = 0
-    for p in model.parameters():
-        g = p.grad
-        if g is None or isinstance(p, DTensor) or not isinstance(g, (ShardTensor, DTensor)):
+    for module in model.modules():
+        region = module.__dict__.get("forward")
+        if not isinstance(region, LocalRegion) or region.sharded_over is None:
             continue
-        p.grad = g.full_tensor() if any(pl.is_partial() for pl in g.placements) else g.to_local()
-        reduced += 1
+        mesh, dims = region.sharded_over
+        for p in module.parameters():
+            if p.grad is None:
+                continue
+            for m in dims:
+                p.grad = all_reduce(p.grad, mesh, m)
+            reduced += 1
     return reduced
 
 
 __all__ = [
     "COMPILE_MODES",
-    "DEFAULT_REGIONS",
     "compile_model",
     "local_features",
-    "reduce_partial_gradients",
+    "LocalRegion",
+    "reduce_region_gradients",
     "resolve_compile_mode",
 ]

@@ -1,138 +1,516 @@
-"""Build a run's pieces from its (Hydra) configuration: settings, dataset, model, options.
+"""Hydra structured configs of the apps, and the run's pieces built from them.
 
-The functions take plain mappings (``OmegaConf.to_container`` of the Hydra config), so
-they are used the same way by ``examples/train.py``, ``examples/predict.py`` and tests.
-The groups are those of ``conf/``: ``mesh``, ``data``, ``model``, ``optimizer``,
-``train`` (and ``predict``).
+Every config group of ``conf/`` has a schema here, registered in Hydra's ConfigStore as
+``<group>/schema`` (``data/synthetic_schema``, ``data/files_schema``,
+``model/reference_schema``); the group's YAML files select it and only override a value
+deliberately, with a comment saying why. Composition refuses unknown keys and values of
+the wrong type, naming them. Each default is written once: in the schema, or in the class
+or function the schema configures, from which the schema reads it.
+
+=============  ===============================  ====================================
+group          schema                           defaults from
+=============  ===============================  ====================================
+``mesh``       :class:`MeshConfig`              ``init_mesh``'s signature
+``data``       :class:`SyntheticDataConfig`,    ``SyntheticComplexes``,
+               :class:`FilesDataConfig`         ``FeatureFileDataset``, here
+``model``      :data:`REFERENCE_MODEL_SCHEMA`   ``models.ModelConfig``
+``optimizer``  ``loop.OptimizerSettings``       itself
+``train``      ``loop.TrainSettings``           itself
+``predict``    :class:`PredictConfig`           here, ``predict()``'s signature
+``registry``   :class:`RegistryConfig`          here
+``sharding``   :data:`SHARDING_SCHEMA`          ``sharding.options.ShardingOptions``
+=============  ===============================  ====================================
+
+The apps' root schemas are :class:`TrainAppConfig`, :class:`PredictAppConfig` and
+:class:`ScatterAppConfig` (``train_app``, ``predict_app``, ``scatter_app``). The
+``model`` group is instantiated by its ``_target_``: a model other than the reference
+one needs only its own ``conf/model/*.yaml`` (with or without a schema) and its class
+(see :mod:`~physicsnemo_foldcp.training.hooks`).
+
+The builders take a typed node, a plain mapping (e.g. ``OmegaConf.to_container`` of a
+group) or the dataclass itself, so the apps and tests use them alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
+from hydra.core.config_store import ConfigStore
+from hydra.utils import instantiate
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
+from torch import nn
 
 from physicsnemo_foldcp.data.datasets import BatchedFiles, SyntheticComplexes
-from physicsnemo_foldcp.models.reference import ModelConfig, ReferenceFoldModel
-from physicsnemo_foldcp.training.loop import BatchSizeError, OptimizerSettings, TrainSettings
+from physicsnemo_foldcp.data.files import FeatureFileDataset
+from physicsnemo_foldcp.data.loader import ShardedLoader
+from physicsnemo_foldcp.data.synthetic import make_complex
+from physicsnemo_foldcp.distributed.bootstrap import init_mesh
+from physicsnemo_foldcp.models.reference import ModelConfig
+from physicsnemo_foldcp.sharding.options import ShardingOptions
+from physicsnemo_foldcp.training.loop import OptimizerSettings, TrainSettings
+from physicsnemo_foldcp.training.predict import predict
+
+T = TypeVar("T")
 
 DATA_KINDS = ("synthetic", "files")
 """Values of ``data.kind``."""
 
-_LOADER_KEYS = ("token_multiple", "atom_multiple", "num_workers")
 
-
-def _known(section: str, values: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
-    unknown = sorted(set(values) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown {section} option(s) {unknown}; known: {sorted(allowed)}")
-
-
-def check_data_batch(data: Mapping[str, Any]) -> None:
-    """Raise :class:`BatchSizeError` unless ``data.batch_size`` is 1 (or absent)."""
-    size = data.get("batch_size", 1)
-    if size != 1:
-        raise BatchSizeError(
-            f"per-domain-group batch size must be 1, got data.batch_size={size}: each domain "
-            "group trains on one complex per step; grow the global batch over the ddp mesh "
-            "axis (mesh.ddp) instead"
-        )
-
-
-def build_dataset(data: Mapping[str, Any]) -> SyntheticComplexes | BatchedFiles:
-    """The serial, batched dataset of a ``data`` config group.
-
-    Parameters
-    ----------
-    data : Mapping[str, Any]
-        ``kind: synthetic`` with ``n_samples``, ``min_tokens``, ``max_tokens``, ``seed``,
-        ``preset``, ``msa_rows``, ``n_conformers``; or ``kind: files`` with ``path`` (a
-        directory or file of samples) and ``validate``. Loader options (``batch_size``,
-        ``token_multiple``, ``atom_multiple``, ``map_layout``, ``num_workers``,
-        ``balance``) may sit alongside.
+def default_of(function: Callable[..., Any], name: str) -> Any:
+    """The default value of ``function``'s parameter ``name`` (a class: its ``__init__``).
 
     Raises
     ------
-    BatchSizeError
-        When ``batch_size`` is not 1.
     ValueError
-        For an unknown ``kind`` or option.
+        When the parameter has no default.
     """
-    check_data_batch(data)
-    kind = data.get("kind", "synthetic")
-    loader_keys = ("kind", "batch_size", "map_layout", "balance", *_LOADER_KEYS)
-    if kind == "synthetic":
-        keys = ("n_samples", "min_tokens", "max_tokens", "seed", "preset", "msa_rows")
-        _known("data", data, (*loader_keys, *keys, "n_conformers"))
-        return SyntheticComplexes(
-            int(data.get("n_samples", 16)),
-            int(data.get("min_tokens", 16)),
-            int(data.get("max_tokens", 32)),
-            seed=int(data.get("seed", 0)),
-            preset=str(data.get("preset", "boltz2")),
-            msa_rows=int(data.get("msa_rows", 4)),
-            n_conformers=int(data.get("n_conformers", 1)),
+    parameter = inspect.signature(function).parameters[name]
+    if parameter.default is inspect.Parameter.empty:
+        raise ValueError(f"{function.__qualname__}({name}) has no default")
+    return parameter.default
+
+
+def schema_of(source: type, *, name: str | None = None, target: bool = False) -> type:
+    """A mutable structured-config dataclass with the fields, types and defaults of ``source``.
+
+    OmegaConf cannot override a frozen dataclass, and a schema written by hand would restate
+    the defaults; this reads them from ``source`` (a dataclass, frozen or not; nested
+    dataclass fields become nested schemas). Build the real object from the composed node
+    (``source(**values)``), which keeps its own value checks.
+
+    Parameters
+    ----------
+    source : type
+        A dataclass.
+    name : str, optional
+        Name of the schema class (shown in OmegaConf's messages); ``source``'s by default.
+    target : bool, default False
+        Add a mandatory ``_target_`` field first (the class Hydra instantiates).
+    """
+    hints = typing.get_type_hints(source)
+    specs: list[tuple[str, Any, Any]] = [("_target_", str, MISSING)] if target else []
+    for f in dataclasses.fields(source):
+        kind = hints[f.name]
+        has_factory = f.default_factory is not dataclasses.MISSING
+        if dataclasses.is_dataclass(kind) and (has_factory or f.default is not dataclasses.MISSING):
+            nested = schema_of(kind)  # type: ignore[arg-type]
+            default = f.default_factory() if has_factory else f.default  # type: ignore[misc]
+            factory = functools.partial(_as, nested, default)
+            specs.append((f.name, nested, field(default_factory=factory)))
+        elif f.default is not dataclasses.MISSING:
+            specs.append((f.name, kind, f.default))
+        elif f.default_factory is not dataclasses.MISSING:
+            specs.append((f.name, kind, field(default_factory=f.default_factory)))
+        else:
+            specs.append((f.name, kind, MISSING))
+    doc = f"Structured config of :class:`{source.__module__}.{source.__qualname__}`."
+    return dataclasses.make_dataclass(
+        name or source.__name__, specs, namespace={"__doc__": doc, "__module__": __name__}
+    )
+
+
+def _as(schema: type, value: Any) -> Any:
+    """The dataclass instance ``value`` as an instance of its mirror ``schema``."""
+    kinds = {f.name: f.type for f in dataclasses.fields(schema)}
+    return schema(
+        **{
+            name: _as(kinds[name], v) if dataclasses.is_dataclass(v) else v
+            for name, v in ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+        }
+    )
+
+
+SHARDING_SCHEMA = schema_of(ShardingOptions)
+"""Schema of the ``sharding`` group: the fields and defaults of ``ShardingOptions``."""
+
+REFERENCE_MODEL_SCHEMA = schema_of(ModelConfig, target=True)
+"""Schema of ``model/reference_schema``: ``_target_`` and the sizes of ``ModelConfig``."""
+
+
+@dataclass
+class MeshConfig:
+    """The ``ddp x cp0 x cp1`` mesh (``mesh`` group), see :func:`~physicsnemo_foldcp.init_mesh`.
+
+    Attributes
+    ----------
+    ddp : int
+        Domain groups (data-parallel replicas); -1 infers it from the world size.
+    cp : list[int]
+        ``[cp0, cp1]``: token rows over cp0, token columns over cp1.
+    timeout_s : float or None
+        Bound on every collective wait; ``None``: ``FOLDCP_TIMEOUT_S`` or 600 s.
+    """
+
+    ddp: int = default_of(init_mesh, "ddp")
+    cp: list[int] = field(default_factory=lambda: list(default_of(init_mesh, "cp")))
+    timeout_s: float | None = default_of(init_mesh, "timeout_s")
+
+
+@dataclass
+class SyntheticDataConfig:
+    """Synthetic Boltz complexes (``data=synthetic``), see :class:`SyntheticComplexes`.
+
+    Attributes
+    ----------
+    kind : {"synthetic"}
+        Selects this dataset.
+    n_samples : int
+        Complexes in the dataset.
+    min_tokens, max_tokens : int
+        Range of their token counts (inclusive); small so a CPU step is quick.
+    seed, preset, msa_rows, n_conformers
+        See :class:`SyntheticComplexes` (``preset`` must match the registry).
+    num_workers : int
+        DataLoader workers prefetching on each domain source.
+    """
+
+    kind: str = "synthetic"
+    n_samples: int = 8
+    min_tokens: int = 16
+    max_tokens: int = 32
+    seed: int = default_of(SyntheticComplexes, "seed")
+    preset: str = default_of(SyntheticComplexes, "preset")
+    msa_rows: int = default_of(SyntheticComplexes, "msa_rows")
+    n_conformers: int = default_of(SyntheticComplexes, "n_conformers")
+    num_workers: int = default_of(ShardedLoader, "num_workers")
+
+
+@dataclass
+class FilesDataConfig:
+    """Feature files, one sample per ``.pt`` / ``.npz`` (``data=files``), see :class:`BatchedFiles`.
+
+    Attributes
+    ----------
+    kind : {"files"}
+        Selects this dataset.
+    path : str
+        A directory of sample files, or one file (mandatory).
+    validate : bool
+        Check every sample against the registry when it is loaded.
+    num_workers : int
+        DataLoader workers prefetching on each domain source.
+    """
+
+    kind: str = "files"
+    path: str = MISSING
+    validate: bool = default_of(FeatureFileDataset, "validate")
+    num_workers: int = default_of(ShardedLoader, "num_workers")
+
+
+@dataclass
+class PredictConfig:
+    """What the prediction app writes (``predict`` group).
+
+    Attributes
+    ----------
+    checkpoint : str or None
+        A training checkpoint; ``None``: the model as initialised from ``seed``.
+    seed : int
+        Seed of the model's initialisation.
+    out_dir : str
+        Directory of the ``<record_id>.npz`` distograms.
+    precision : {"fp32", "tf32", "bf16"}
+        Numerics of the forward pass (see :func:`~physicsnemo_foldcp.training.predict`).
+    """
+
+    checkpoint: str | None = None
+    seed: int = 0
+    out_dir: str = "runs/predict"
+    precision: str = default_of(predict, "precision")
+
+
+@dataclass
+class RegistryConfig:
+    """The feature registry (``registry`` group), see ``FeatureRegistry.from_config``.
+
+    Attributes
+    ----------
+    preset : str or None
+        Preset to start from (``boltz1``, ``boltz2``); ``None``: an empty registry.
+    features : dict[str, Any]
+        ``{name: {axes, pad_value, dtypes, index_of, one_hot, mode, description}}`` added
+        or replacing the preset's.
+    remove : list[str]
+        Features dropped from the preset.
+    """
+
+    preset: str | None = None
+    features: dict[str, Any] = field(default_factory=dict)
+    remove: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SampleConfig:
+    """The complex of the scatter app (``sample`` section), see ``make_complex``.
+
+    Attributes
+    ----------
+    n_tokens : int
+        Tokens of the complex.
+    seed : int
+        Seed of the complex (plus the ddp rank, so domain groups differ).
+    msa_rows : int
+        MSA depth; deeper than ``make_complex``'s default, so the MSA blocks show.
+    n_conformers : int
+        Conformers.
+    """
+
+    n_tokens: int = 256
+    seed: int = default_of(make_complex, "seed")
+    msa_rows: int = 64
+    n_conformers: int = default_of(make_complex, "n_conformers")
+
+
+@dataclass
+class TrainAppConfig:
+    """Root schema of ``conf/train.yaml`` (``examples/train.py``).
+
+    Attributes
+    ----------
+    run_dir : str
+        Directory of the checkpoints, per-step metrics (rank 0) and the run summary.
+    """
+
+    mesh: MeshConfig = MISSING
+    data: Any = MISSING
+    model: Any = MISSING
+    optimizer: OptimizerSettings = MISSING
+    train: TrainSettings = MISSING
+    registry: RegistryConfig = MISSING
+    sharding: SHARDING_SCHEMA = MISSING  # type: ignore[valid-type]
+    run_dir: str = "runs/train"
+
+
+@dataclass
+class PredictAppConfig:
+    """Root schema of ``conf/predict.yaml`` (``examples/predict.py``)."""
+
+    mesh: MeshConfig = MISSING
+    data: Any = MISSING
+    model: Any = MISSING
+    registry: RegistryConfig = MISSING
+    sharding: SHARDING_SCHEMA = MISSING  # type: ignore[valid-type]
+    predict: PredictConfig = MISSING
+
+
+@dataclass
+class ScatterAppConfig:
+    """Root schema of ``conf/scatter.yaml`` (``examples/scatter_sample.py``).
+
+    Attributes
+    ----------
+    report : bool
+        Print the per-rank sharding report on rank 0.
+    """
+
+    mesh: MeshConfig = MISSING
+    registry: RegistryConfig = MISSING
+    sharding: SHARDING_SCHEMA = MISSING  # type: ignore[valid-type]
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    report: bool = True
+
+
+def register_configs() -> None:
+    """Store every schema in Hydra's ConfigStore (done when this module is imported)."""
+    store = ConfigStore.instance()
+    for group, name, node in (
+        ("mesh", "schema", MeshConfig),
+        ("data", "synthetic_schema", SyntheticDataConfig),
+        ("data", "files_schema", FilesDataConfig),
+        ("model", "reference_schema", REFERENCE_MODEL_SCHEMA),
+        ("optimizer", "schema", OptimizerSettings),
+        ("train", "schema", TrainSettings),
+        ("predict", "schema", PredictConfig),
+        ("registry", "schema", RegistryConfig),
+        ("sharding", "schema", SHARDING_SCHEMA),
+    ):
+        store.store(group=group, name=name, node=node)
+    store.store(name="train_app", node=TrainAppConfig)
+    store.store(name="predict_app", node=PredictAppConfig)
+    store.store(name="scatter_app", node=ScatterAppConfig)
+
+
+register_configs()
+
+
+def _plain(values: Any) -> Any:
+    """A composed node as plain containers (interpolations resolved, ``???`` kept)."""
+    if isinstance(values, DictConfig):
+        return OmegaConf.to_container(values, resolve=True)
+    return values
+
+
+def typed(schema: type[T], values: Any, group: str | None) -> T:
+    """``values`` checked against ``schema`` and built as the schema's dataclass.
+
+    The values are read as plain data first, so a key added on the command line with
+    ``+`` is refused here like any unknown key.
+
+    Parameters
+    ----------
+    schema : type
+        A structured-config dataclass.
+    values : DictConfig, Mapping or schema instance
+        A composed node, a plain mapping (e.g. from ``OmegaConf.to_container``), or the
+        dataclass itself (returned as is).
+    group : str or None
+        The config group, for messages (``None``: the root).
+
+    Raises
+    ------
+    ValueError
+        Naming the key, for an unknown key, a value of the wrong type or a mandatory
+        value not given; the dataclass's own checks raise their errors as they are.
+    """
+    if isinstance(values, schema):
+        return values
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(schema), _plain(values))
+        return OmegaConf.to_object(node)  # type: ignore[return-value]
+    except (ConfigKeyError, ValidationError, MissingMandatoryValue) as err:
+        where = ".".join(k for k in (group, err.full_key) if k) or schema.__name__
+        if isinstance(err, MissingMandatoryValue):
+            raise ValueError(f"{where} needs a value: give {where}=...") from err
+        raise ValueError(f"{where}: {str(err).splitlines()[0]}") from err
+
+
+def data_config(data: Any) -> SyntheticDataConfig | FilesDataConfig:
+    """The ``data`` group as its schema's dataclass (picked by ``data.kind``).
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``kind`` or key, or ``kind=files`` without ``path``.
+    """
+    if isinstance(data, (SyntheticDataConfig, FilesDataConfig)):
+        return data
+    data = _plain(data)
+    kind = data.get("kind")
+    if kind not in DATA_KINDS:
+        raise ValueError(f"data.kind must be one of {DATA_KINDS}, got {kind!r}")
+    if kind == "files" and (data.get("path") in (None, "", MISSING)):
+        raise ValueError("data.kind=files needs data.path (a directory or file of samples)")
+    schema = SyntheticDataConfig if kind == "synthetic" else FilesDataConfig
+    return typed(schema, data, "data")
+
+
+def build_dataset(data: Any) -> SyntheticComplexes | BatchedFiles:
+    """The serial, batched dataset of a ``data`` group.
+
+    Parameters
+    ----------
+    data : DictConfig, Mapping or data config
+        ``kind: synthetic`` (:class:`SyntheticDataConfig`) or ``kind: files``
+        (:class:`FilesDataConfig`).
+    """
+    config = data_config(data)
+    if isinstance(config, FilesDataConfig):
+        return BatchedFiles(config.path, validate=config.validate)
+    return SyntheticComplexes(
+        config.n_samples,
+        config.min_tokens,
+        config.max_tokens,
+        seed=config.seed,
+        preset=config.preset,
+        msa_rows=config.msa_rows,
+        n_conformers=config.n_conformers,
+    )
+
+
+def sharding_options(sharding: Any) -> ShardingOptions:
+    """The :class:`ShardingOptions` of a ``sharding`` group (value checks are its own).
+
+    Raises
+    ------
+    ValueError
+        Naming the option (``sharding.<key>``), for an unknown key or an invalid value.
+    """
+    if isinstance(sharding, ShardingOptions):
+        return sharding
+    node = typed(SHARDING_SCHEMA, sharding, "sharding")
+    try:
+        return ShardingOptions.from_mapping(dataclasses.asdict(node))
+    except ValueError as err:
+        raise ValueError(f"sharding.{err}") from err
+
+
+def loader_options(options: ShardingOptions, **loader: Any) -> dict[str, Any]:
+    """:class:`~physicsnemo_foldcp.data.ShardedLoader` arguments for ``options``.
+
+    Parameters
+    ----------
+    options : ShardingOptions
+        How each sample is sharded.
+    **loader : Any
+        Further loader arguments (e.g. ``num_workers``), passed on as they are.
+    """
+    return {"options": options, **loader}
+
+
+def train_settings(train: Any) -> TrainSettings:
+    """:class:`TrainSettings` of a ``train`` group, its values checked."""
+    return typed(TrainSettings, train, "train")
+
+
+def optimizer_settings(optimizer: Any) -> OptimizerSettings:
+    """:class:`OptimizerSettings` of an ``optimizer`` group, its values checked."""
+    return typed(OptimizerSettings, optimizer, "optimizer")
+
+
+def build_model(model: Mapping[str, Any] | DictConfig, seed: int) -> nn.Module:
+    """The model of a ``model`` group (``_target_`` and its arguments), seeded with ``seed``.
+
+    The same ``seed`` on every rank gives every rank the same initial parameters.
+
+    Raises
+    ------
+    ValueError
+        When the group has no ``_target_``.
+    TypeError
+        When the target does not build an ``nn.Module``.
+    """
+    if not model.get("_target_"):
+        raise ValueError(
+            "model: needs _target_, the model class (e.g. "
+            "physicsnemo_foldcp.models.ReferenceFoldModel)"
         )
-    if kind == "files":
-        _known("data", data, (*loader_keys, "path", "validate"))
-        if not data.get("path"):
-            raise ValueError("data.kind=files needs data.path (a directory or file of samples)")
-        return BatchedFiles(str(data["path"]), validate=bool(data.get("validate", True)))
-    raise ValueError(f"data.kind must be one of {DATA_KINDS}, got {kind!r}")
-
-
-def loader_options(data: Mapping[str, Any]) -> dict[str, Any]:
-    """:class:`~physicsnemo_foldcp.data.ShardedLoader` arguments of a ``data`` group."""
-    out: dict[str, Any] = {k: int(data[k]) for k in _LOADER_KEYS if k in data}
-    if "map_layout" in data:
-        out["scatter_options"] = {"map_layout": str(data["map_layout"])}
-    if data.get("balance") is not None:
-        balance = dict(data["balance"])
-        _known("data.balance", balance, ("mode", "pair_weight", "atom_weight"))
-        out["balance"] = str(balance.get("mode", "even"))
-        out["pair_weight"] = float(balance.get("pair_weight", 0.0))
-        out["atom_weight"] = float(balance.get("atom_weight", 1.0))
-    return out
-
-
-def train_settings(
-    train: Mapping[str, Any], data: Mapping[str, Any] | None = None
-) -> TrainSettings:
-    """:class:`TrainSettings` of a ``train`` group, checked (and ``data.batch_size``)."""
-    values = dict(train)
-    allowed = tuple(TrainSettings.__dataclass_fields__)
-    _known("train", values, allowed)
-    if data is not None:
-        check_data_batch(data)
-    settings = TrainSettings(**values)
-    settings.check()
-    return settings
-
-
-def optimizer_settings(optimizer: Mapping[str, Any]) -> OptimizerSettings:
-    """:class:`OptimizerSettings` of an ``optimizer`` group."""
-    values = dict(optimizer)
-    _known("optimizer", values, tuple(OptimizerSettings.__dataclass_fields__))
-    if "betas" in values:
-        values["betas"] = tuple(float(b) for b in values["betas"])
-    return OptimizerSettings(**values)
-
-
-def build_model(model: Mapping[str, Any], seed: int) -> ReferenceFoldModel:
-    """The reference model of a ``model`` group, initialised from ``seed`` (same on every rank)."""
-    values = dict(model)
-    _known("model", values, tuple(ModelConfig.__dataclass_fields__))
     torch.manual_seed(seed)
-    return ReferenceFoldModel(ModelConfig(**values))
+    built = instantiate(model)
+    if not isinstance(built, nn.Module):
+        raise TypeError(f"model: {model['_target_']} built a {type(built).__name__}, not a Module")
+    return built
 
 
 __all__ = [
     "DATA_KINDS",
+    "REFERENCE_MODEL_SCHEMA",
+    "SHARDING_SCHEMA",
+    "FilesDataConfig",
+    "MeshConfig",
+    "PredictAppConfig",
+    "PredictConfig",
+    "RegistryConfig",
+    "SampleConfig",
+    "ScatterAppConfig",
+    "SyntheticDataConfig",
+    "TrainAppConfig",
     "build_dataset",
     "build_model",
-    "check_data_batch",
+    "data_config",
+    "default_of",
     "loader_options",
     "optimizer_settings",
+    "register_configs",
+    "schema_of",
+    "sharding_options",
     "train_settings",
+    "typed",
 ]

@@ -21,7 +21,7 @@ import math
 import os
 import resource
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +41,6 @@ from physicsnemo_foldcp.distributed.wrappers import (
     wrap_model,
 )
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.models.reference import TrunkBlock, reference_loss
-from physicsnemo_foldcp.ops import tag_maps
-from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 from physicsnemo_foldcp.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -53,9 +50,10 @@ from physicsnemo_foldcp.training.compile import (
     COMPILE_MODES,
     compile_model,
     local_features,
-    reduce_partial_gradients,
+    reduce_region_gradients,
     resolve_compile_mode,
 )
+from physicsnemo_foldcp.training.hooks import LossFn, model_loss, module_types
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
@@ -64,8 +62,6 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 
 OPTIMIZERS = ("adamw", "sgd")
 """Optimizers :func:`build_optimizer` knows."""
-
-LossFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], torch.Tensor]
 
 
 class BatchSizeError(ValueError):
@@ -88,6 +84,11 @@ class OptimizerSettings:
         AdamW's betas.
     momentum : float
         SGD's momentum.
+
+    Notes
+    -----
+    This is also the schema of the Hydra ``optimizer`` group
+    (:mod:`physicsnemo_foldcp.training.config`): its defaults are the only ones.
     """
 
     name: str = "adamw"
@@ -95,6 +96,13 @@ class OptimizerSettings:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {self.name!r}")
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        if len(self.betas) != 2:
+            raise ValueError(f"optimizer.betas must be two numbers, got {list(self.betas)}")
 
 
 @dataclass
@@ -107,7 +115,7 @@ class TrainSettings:
         Total optimizer steps of the run (a resumed run continues up to it).
     wrapper : {"auto", "none", "ddp", "fsdp2"}
         Data-parallel wrapper over the ``ddp`` axis (see :func:`wrap_model`; with
-        ``fsdp2`` every trunk block is sharded on its own, then the root).
+        ``fsdp2`` every FSDP unit of the model is sharded on its own, then the root).
     precision : {"fp32", "tf32", "bf16"}
         Numerics of the forward pass.
     seed : int
@@ -133,6 +141,19 @@ class TrainSettings:
     metrics_file : str or None
         Rank 0 writes one JSON line per step (step, loss, seconds) to this file (a
         resumed run appends to it).
+    fsdp_units, compile_regions : list[str] or None
+        Class paths (or classes) of the submodules FSDP2 shards one by one and regional
+        compile compiles; ``None``: the model class's ``fsdp_units`` /
+        ``compile_regions`` (see :mod:`~physicsnemo_foldcp.training.hooks`).
+    loss : str or None
+        Path of a ``loss(outputs, features)`` function; ``None``: the model's ``loss``
+        method.
+
+    Notes
+    -----
+    This is also the schema of the Hydra ``train`` group
+    (:mod:`physicsnemo_foldcp.training.config`): its defaults are the only ones. Invalid
+    values raise when the settings are built.
     """
 
     steps: int = 30
@@ -140,7 +161,7 @@ class TrainSettings:
     precision: str = "fp32"
     seed: int = 0
     log_every: int = 10
-    checkpoint_every: int = 0
+    checkpoint_every: int = 10
     checkpoint_dir: str | None = None
     resume: str | None = None
     compile: str = "none"
@@ -148,6 +169,12 @@ class TrainSettings:
     batch_size: int = 1
     progress: bool = True
     metrics_file: str | None = None
+    fsdp_units: list[str] | None = None
+    compile_regions: list[str] | None = None
+    loss: str | None = None
+
+    def __post_init__(self) -> None:
+        self.check()
 
     def check(self) -> None:
         """Raise a clear ``ValueError`` for an invalid setting (before any work)."""
@@ -265,6 +292,10 @@ def build_optimizer(model: nn.Module, settings: OptimizerSettings) -> torch.opti
 def check_batch(features: Mapping[str, Any]) -> None:
     """Raise :class:`BatchSizeError` unless every tensor feature has a batch axis of 1.
 
+    The scatter accepts unbatched samples too, but the model reads one batched sample
+    (``[1, ...]``); this check is local (no communication). The scatter has already tagged
+    the atom<->token maps, so nothing else needs preparing before ``forward``.
+
     Parameters
     ----------
     features : Mapping[str, Any]
@@ -281,13 +312,6 @@ def check_batch(features: Mapping[str, Any]) -> None:
                 )
 
 
-def prepare_features(features: ShardedFeatures) -> ShardedFeatures:
-    """Tag the scattered atom<->token maps (idempotent) and check the batch axis."""
-    tag_maps(features)
-    check_batch(features)
-    return features
-
-
 def loss_value(loss: torch.Tensor) -> float:
     """The loss as a Python float (a replicated ShardTensor's local value is the global one)."""
     if isinstance(loss, ShardTensor):
@@ -302,7 +326,7 @@ def loss_value(loss: torch.Tensor) -> float:
 def forward_backward(
     model: nn.Module,
     features: Mapping[str, Any],
-    loss_fn: LossFn = reference_loss,
+    loss_fn: LossFn | None = None,
     *,
     precision: str = "fp32",
     device: torch.device | None = None,
@@ -314,14 +338,16 @@ def forward_backward(
     model : nn.Module
         The (wrapped) model.
     features : Mapping[str, Any]
-        One batched sample: plain tensors (serial) or prepared ShardTensors.
-    loss_fn : callable
-        ``loss_fn(outputs, features)`` -> scalar loss.
+        One batched sample: plain tensors (serial) or the ShardTensors of the scatter.
+    loss_fn : callable, optional
+        ``loss_fn(outputs, features)`` -> scalar loss; the model's ``loss`` method by
+        default (of the model inside a DDP wrapper).
     precision : str
         See :data:`PRECISIONS`.
     device : torch.device, optional
         Device type for autocast; CPU by default.
     """
+    loss_fn = loss_fn if loss_fn is not None else model_loss(unwrap(model))
     with autocast(precision, device or torch.device("cpu")):
         outputs = model(**features)
         loss = loss_fn(outputs, features)
@@ -370,7 +396,7 @@ def train(
     settings: TrainSettings | None = None,
     *,
     optimizer: OptimizerSettings | None = None,
-    loss_fn: LossFn = reference_loss,
+    loss_fn: LossFn | None = None,
     registry: FeatureRegistry | None = None,
     loader_options: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
@@ -391,8 +417,9 @@ def train(
         Run options; defaults otherwise.
     optimizer : OptimizerSettings, optional
         Optimizer; AdamW with defaults otherwise.
-    loss_fn : callable, default :func:`~physicsnemo_foldcp.models.reference_loss`
-        ``loss_fn(outputs, features)`` -> scalar loss (replicated over the domain group).
+    loss_fn : callable, optional
+        ``loss_fn(outputs, features)`` -> scalar loss (replicated over the domain group);
+        by default ``settings.loss``, else the model's ``loss`` method.
     registry : FeatureRegistry, optional
         Axis meanings of the features (Boltz-2 preset by default).
     loader_options : Mapping, optional
@@ -410,9 +437,18 @@ def train(
     ------
     BatchSizeError
         Before any work, when ``settings.batch_size != 1``.
+
+    Notes
+    -----
+    The model's FSDP2 units, compile regions and loss come from its class, or from
+    ``settings`` (see :mod:`~physicsnemo_foldcp.training.hooks`): nothing here knows the
+    model.
     """
     settings = settings or TrainSettings()
     settings.check()
+    loss_fn = model_loss(model, loss_fn if loss_fn is not None else settings.loss)
+    fsdp_units = module_types(model, "fsdp_units", settings.fsdp_units)
+    regions = module_types(model, "compile_regions", settings.compile_regions)
     wrapper = resolve_wrapper(settings.wrapper, mesh)
     compiled = resolve_compile_mode(settings.compile, mesh.cp)
     if compiled == "regional" and wrapper != "none":
@@ -426,8 +462,10 @@ def train(
     rank0 = mesh.rank == 0
 
     model = model.to(mesh.device)
-    wrapped = wrap_model(model, mesh, settings.wrapper, shard_modules=(TrunkBlock,))
-    compile_model(unwrap(wrapped), mesh, settings.compile, backend=settings.compile_backend)
+    wrapped = wrap_model(model, mesh, settings.wrapper, shard_modules=fsdp_units)
+    compile_model(
+        unwrap(wrapped), mesh, settings.compile, regions=regions, backend=settings.compile_backend
+    )
     opt = build_optimizer(wrapped, opt_settings)
     loader = ShardedLoader(
         dataset,
@@ -468,14 +506,15 @@ def train(
     try:
         batches = _batches(loader) if step < settings.steps else iter(())
         for item in batches:
-            features = prepare_features(item.features)
+            features = item.features
+            check_batch(features)
             inputs = local_features(features) if compiled == "whole" else features
             opt.zero_grad(set_to_none=True)
             loss = forward_backward(
                 wrapped, inputs, loss_fn, precision=settings.precision, device=mesh.device
             )
             if compiled == "regional":
-                reduce_partial_gradients(unwrap(wrapped))
+                reduce_region_gradients(unwrap(wrapped))
             opt.step()
             step += 1
             value = _mean_over_ddp(loss_value(loss), mesh)
@@ -562,7 +601,6 @@ __all__ = [
     "forward_backward",
     "loss_value",
     "peak_memory_bytes",
-    "prepare_features",
     "set_precision",
     "train",
     "write_summary",

@@ -30,7 +30,7 @@ from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import TOKENS
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
-from physicsnemo_foldcp.training.loop import autocast, prepare_features, set_precision
+from physicsnemo_foldcp.training.loop import autocast, check_batch, set_precision
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
@@ -154,7 +154,8 @@ def predict(
         if not item.has_features:
             result.failed[int(item.index)] = str(item.error)
             continue
-        features = prepare_features(item.features)
+        features = item.features
+        check_batch(features)
         with autocast(precision, mesh.device):
             outputs = model(**features)
         distogram = serial_distogram(outputs[output_key], features)

@@ -29,13 +29,11 @@ from torch.distributed.tensor.debug import CommDebugMode
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.models.reference import reference_loss
 from physicsnemo_foldcp.ops import compat, events
 from physicsnemo_foldcp.sharding.scatter import scatter_features
+from physicsnemo_foldcp.training.hooks import LossFn, model_loss
 
 _warned_tf32 = False
-
-LossFn = Callable[[Any, Mapping[str, Any]], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -340,7 +338,7 @@ def validate_model(
     sample: Mapping[str, Any],
     mesh: FoldMesh,
     *,
-    loss_fn: LossFn = reference_loss,
+    loss_fn: LossFn | None = None,
     registry: FeatureRegistry | None = None,
     scatter_options: Mapping[str, Any] | None = None,
     rtol: float = 1e-5,
@@ -360,8 +358,9 @@ def validate_model(
         on EVERY rank: each rank runs the serial reference itself.
     mesh : FoldMesh
         From :func:`physicsnemo_foldcp.init_mesh`.
-    loss_fn : callable, default :func:`~physicsnemo_foldcp.models.reference_loss`
-        ``loss_fn(outputs, features)`` -> scalar loss.
+    loss_fn : callable, optional
+        ``loss_fn(outputs, features)`` -> scalar loss; the model's ``loss`` method by
+        default.
     registry : FeatureRegistry, optional
         Axis meanings of the features (Boltz-2 preset by default).
     scatter_options : Mapping, optional
@@ -378,6 +377,7 @@ def validate_model(
     """
     if not isinstance(model, nn.Module):
         model = model()
+    loss_fn = model_loss(model, loss_fn)
     model = model.to(mesh.device)
     sync_over_domain(model, mesh)
     device_sample = {

@@ -7,7 +7,7 @@ from physicsnemo_foldcp import scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel, reference_loss
 from physicsnemo_foldcp.testing import collective_assert
-from physicsnemo_foldcp.training import batched, forward_backward, prepare_features
+from physicsnemo_foldcp.training import batched, forward_backward
 
 CONFIG = ModelConfig(c_atom=8, c_token=16, c_pair=8, n_blocks=1, n_heads=2)
 mesh_id = lambda s: "x".join(map(str, s))  # noqa: E731
@@ -85,9 +85,7 @@ def test_scattered_features_give_the_serial_loss_and_gradients(fold_mesh, option
     serial = model()
     expected = forward_backward(serial, x)
     distributed = model().to(mesh.device)
-    features = prepare_features(
-        scatter_features(x if mesh.is_domain_source else None, mesh, **options)
-    )
+    features = scatter_features(x if mesh.is_domain_source else None, mesh, **options)
     loss = forward_backward(distributed, features)
     problems = []
     if not torch.allclose(loss.to_local().cpu(), expected, rtol=1e-5, atol=1e-6):

@@ -134,8 +134,20 @@ def test_a_mesh_that_does_not_fit_stops_before_any_work(tmp_path):
 
 
 def test_a_batch_of_two_stops_before_any_work(tmp_path):
-    proc = launch("train.py", ["data.batch_size=2", f"run_dir={tmp_path / 'y'}"])
+    proc = launch("train.py", ["train.batch_size=2", f"run_dir={tmp_path / 'y'}"])
     assert proc.returncode != 0
     assert "per-domain-group batch size must be 1" in proc.stderr, tail(proc)
     assert "mesh.ddp" in proc.stderr
     assert not (tmp_path / "y").exists()
+
+
+def test_an_unknown_or_bad_option_stops_before_any_work(tmp_path):
+    """Keys added with + are refused like any unknown key; bad values name their option."""
+    for override, message in (
+        ("+sharding.tokn_multiple=2", "sharding.tokn_multiple: Key 'tokn_multiple' not in"),
+        ("sharding.balance.mode=odd", "sharding.balance.mode must be one of"),
+    ):
+        proc = launch("train.py", [override, f"run_dir={tmp_path / 'z'}"])
+        assert proc.returncode != 0
+        assert message in proc.stderr, tail(proc)
+        assert not (tmp_path / "z").exists()

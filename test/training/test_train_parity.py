@@ -3,10 +3,12 @@
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from physicsnemo_foldcp.distributed.wrappers import unwrap
 from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel, reference_loss
+from physicsnemo_foldcp.models.reference import TrunkBlock
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.training import (
     OptimizerSettings,
@@ -15,6 +17,7 @@ from physicsnemo_foldcp.training import (
     build_optimizer,
     train,
 )
+from physicsnemo_foldcp.training.compile import LocalRegion
 
 pytestmark = pytest.mark.multigpu_static
 
@@ -115,11 +118,22 @@ def test_training_steps_match_serial(fold_mesh, wrapper, compile):
     ):
         problems.append(f"losses {result.losses} != serial {losses}")
     trained = unwrap(result.model)
-    compiled = [m for m in trained.modules() if getattr(m, "_compiled_call_impl", None)]
+    compiled = [
+        m
+        for m in trained.modules()
+        if getattr(m, "_compiled_call_impl", None)
+        or isinstance(m.__dict__.get("forward"), LocalRegion)
+    ]
     if (compile != "none") != bool(compiled):
         problems.append(f"compile={compile} but {len(compiled)} compiled module(s)")
+    if not all(isinstance(m, ReferenceFoldModel.compile_regions) for m in compiled):
+        problems.append(f"compiled modules outside the model's regions: {compiled}")
     if wrapper == "fsdp2" and not all(isinstance(p, DTensor) for p in trained.parameters()):
         problems.append("fsdp2 left plain parameters")
+    units = [m for m in trained.modules() if isinstance(m, FSDPModule) and m is not trained]
+    expected_units = CONFIG.n_blocks if wrapper == "fsdp2" else 0
+    if len(units) != expected_units or not all(isinstance(m, TrunkBlock) for m in units):
+        problems.append(f"FSDP2 units {units}: the model declares its trunk blocks")
     distributed = dict(trained.named_parameters())
     if set(distributed) != set(grads):
         problems.append(f"parameter names differ: {sorted(set(distributed) ^ set(grads))}")

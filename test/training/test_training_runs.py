@@ -7,10 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from physicsnemo_foldcp.data import ShardedLoader
 from physicsnemo_foldcp.distributed.wrappers import unwrap
-from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel
+from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel, reference_loss
+from physicsnemo_foldcp.models.reference import TrunkBlock
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.training import (
     BatchSizeError,
@@ -131,6 +135,74 @@ def test_a_batch_of_two_stops_before_any_step(fold_mesh):
     collective_assert(not moved, f"parameters changed: {moved}")
     with pytest.raises(BatchSizeError, match=r"batch size must be 1.*mesh.ddp"):
         train(model, mesh, SyntheticComplexes(2, 9, 12), TrainSettings(steps=2, batch_size=2))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+def test_a_step_adds_no_object_collective_to_the_loaders(fold_mesh, monkeypatch):
+    """The scatter tags the atom<->token maps once; a training step does not tag them again.
+
+    Re-tagging with a check costs one object all-gather per step; the loop's object
+    collectives are the loader's (scatter metadata, order checks) plus one at the end (peak
+    memory of every rank).
+    """
+    mesh = fold_mesh
+    dataset = SyntheticComplexes(4, 9, 13, seed=1, msa_rows=2)
+    calls = []
+    gather = dist.all_gather_object
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return gather(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_gather_object", counted)
+    loader = ShardedLoader(dataset, mesh, mode="train", seed=2)
+    steps = [item.index for _, item in zip(range(3), loader)]
+    by_loader = len(calls)
+    calls.clear()
+    settings = TrainSettings(steps=3, seed=2, progress=False, log_every=0)
+    result = train(fresh_model(), mesh, dataset, settings)
+    by_train = len(calls)
+    monkeypatch.undo()
+    collective_assert(
+        result.indices == steps and by_train == by_loader + 1,
+        f"train ran {result.indices} with {by_train} object all-gathers; the loader alone "
+        f"ran {steps} with {by_loader} (+1 expected for the peak memory)",
+    )
+
+
+class TwiceTheLoss(nn.Module):
+    """A model the loop does not know: the reference model inside, its own loss and units."""
+
+    fsdp_units = (TrunkBlock,)
+
+    def __init__(self):
+        super().__init__()
+        self.inner = ReferenceFoldModel(CONFIG)
+
+    def forward(self, **features):
+        return self.inner(**features)
+
+    def loss(self, outputs, features):
+        return 2 * reference_loss(outputs, features)
+
+
+@pytest.mark.parametrize("fold_mesh", [(2, 1, 2)], indirect=True, ids=mesh_id)
+def test_another_model_trains_with_its_own_loss_and_fsdp_units(fold_mesh):
+    """The loop takes the loss and the FSDP2 units from the model class it is given."""
+    mesh = fold_mesh
+    dataset = SyntheticComplexes(2 * mesh.ddp_size, 9, 13, seed=4, msa_rows=2)
+    common = dict(steps=1, seed=3, wrapper="fsdp2", progress=False, log_every=0)
+    torch.manual_seed(5)
+    other = train(TwiceTheLoss(), mesh, dataset, TrainSettings(**common))
+    reference = train(fresh_model(), mesh, dataset, TrainSettings(**common))
+    model = unwrap(other.model)
+    units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+    problems = []
+    if not torch.allclose(torch.tensor(other.losses), 2 * torch.tensor(reference.losses)):
+        problems.append(f"losses {other.losses} != 2 x {reference.losses}")
+    if len(units) != CONFIG.n_blocks or not all(isinstance(m, TrunkBlock) for m in units):
+        problems.append(f"FSDP2 units {units}, expected the {CONFIG.n_blocks} trunk block(s)")
+    collective_assert(not problems, "; ".join(problems))
 
 
 @pytest.mark.parametrize(
