@@ -10,12 +10,11 @@ from torch.distributed.tensor.placement_types import Replicate, Shard
 
 from physicsnemo_foldcp.ops._blocks import (
     ShardingLayoutError,
-    column_sizes,
     row_shapes,
     tile_shapes,
 )
 from physicsnemo_foldcp.ops.attention import pair_bias_attention
-from physicsnemo_foldcp.sharding.plan import split_sizes
+from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
 from physicsnemo_foldcp.testing import collective_assert, collective_assert_close
 
 MESHES = [(2, 1, 2), (1, 2, 2), (1, 2, 3), (1, 3, 3)]
@@ -118,7 +117,7 @@ def test_distributed_matches_serial_forward_and_gradients(fold_mesh, n):
     (out * upstream).sum().backward()
 
     rows = split_sizes(n, cp0)
-    cols = column_sizes(rows, cp1)
+    cols = column_block_sizes(rows, cp1)
     i, j = mesh.domain_coordinate
     (qs, ql), (ks, kl), (vs, vl) = (shard_rows(t, mesh, rows) for t in (q, k, v))
     ms, _ = shard_rows(mask, mesh, rows)
