@@ -1,0 +1,64 @@
+"""Boltz's own modules under context parallelism (the ``boltz`` extra: ``boltz-community``).
+
+One call, :func:`install`, registers a distributed forward for each Boltz layer whose
+op-by-op run would gather (:mod:`physicsnemo_foldcp.ops.modules`); everything else in a
+Boltz model runs op by op through the plugin's dispatch. After it, Boltz's modules, built
+and called as Boltz builds and calls them, compute on the scattered features' local
+blocks; called with plain tensors they are unchanged. :func:`uninstall` undoes it.
+
+Each handler module (``HANDLER_MODULES``) defines ``handlers()``: the ``(Boltz class,
+handler)`` pairs it provides.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from physicsnemo_foldcp.ops.modules import register_module_handler, unregister_module_handler
+
+HANDLER_MODULES: tuple[str, ...] = ()
+"""Modules of this package that provide Boltz module handlers."""
+
+_installed: list[type] = []
+
+
+def _require_boltz() -> None:
+    try:
+        importlib.import_module("boltz.model.layers.pairformer")
+    except ImportError as err:
+        raise ImportError(
+            "physicsnemo_foldcp.boltz needs Boltz's model code: pip install -e '.[boltz]' "
+            f"(PyPI boltz-community, import name boltz); importing it failed: {err}"
+        ) from err
+
+
+def install() -> list[str]:
+    """Register the distributed forwards of Boltz's layers (idempotent).
+
+    Returns
+    -------
+    list[str]
+        The Boltz classes that now have a distributed forward.
+
+    Raises
+    ------
+    ImportError
+        When Boltz's model code is not installed (the message names the extra).
+    """
+    _require_boltz()
+    for name in HANDLER_MODULES:
+        module = importlib.import_module(f"physicsnemo_foldcp.boltz.{name}")
+        for cls, handler in module.handlers():
+            register_module_handler(cls, handler)
+            if cls not in _installed:
+                _installed.append(cls)
+    return [f"{cls.__module__}.{cls.__qualname__}" for cls in _installed]
+
+
+def uninstall() -> None:
+    """Give every Boltz class its own forward back."""
+    while _installed:
+        unregister_module_handler(_installed.pop())
+
+
+__all__ = ["HANDLER_MODULES", "install", "uninstall"]
