@@ -77,11 +77,20 @@ class DimMap:
     same_shape : bool
         The result has operand 0's dims (softmax, cumsum, normalisation): a dim gathered
         because the op reads along it is cut back to its blocks afterwards.
+    resized : callable, optional
+        ``resized(k, d, sizes)``: the result's block lengths along the result dim of
+        operand ``k``'s dim ``d``, given the operand's (a slice of a sharded dim keeps
+        each rank's part of the slice); the operand's own blocks when absent.
     """
 
     out_dim: OutDim
     summed: Label = field(default=lambda k, d: None)
     same_shape: bool = False
+    resized: Callable[[int, int, tuple[int, ...]], tuple[int, ...]] | None = None
+
+    def out_sizes(self, k: int, d: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        """Block lengths of the result along the result dim of operand ``k``'s dim ``d``."""
+        return tuple(self.resized(k, d, sizes)) if self.resized is not None else sizes
 
 
 # -- operands --------------------------------------------------------------------------------
@@ -316,10 +325,13 @@ def _decide(ops: list[Operand], dims: DimMap | None, mesh: DeviceMesh) -> _Decis
             decision.gather[(o.index, m)] = events.FALLBACK
             decision.reasons[(o.index, m)] = f"the op reads along its sharded dim {d}"
         if kept:
-            first, _, od0 = kept[0]
-            decision.out[m] = (od0, first.sizes[m])
+            first, d0, od0 = kept[0]
+            blocks = dims.out_sizes(first.index, d0, first.sizes[m])
+            decision.out[m] = (od0, blocks)
             conflicts[m] = [
-                (o, d, od) for o, d, od in kept if (od, o.sizes[m]) != (od0, first.sizes[m])
+                (o, d, od)
+                for o, d, od in kept
+                if (od, dims.out_sizes(o.index, d, o.sizes[m])) != (od0, blocks)
             ]
     _promote_tile(decision, conflicts, mesh)
     for m, rest in conflicts.items():
@@ -533,6 +545,12 @@ def run(
     return result
 
 
+def block_sizes(x: ShardTensor, mesh_dim: int) -> tuple[int, ...]:
+    """Block lengths, over the ranks along ``mesh_dim``, of the dim it shards in ``x``."""
+    dim = x.placements[mesh_dim].dim
+    return tuple(int(s[dim]) for s in compat.sharding_shapes(x)[mesh_dim])
+
+
 def shape_of(t: torch.Tensor) -> tuple[int, ...]:
     """Global shape of a ShardTensor or DTensor (from its spec), or a plain tensor's shape."""
     if isinstance(t, (ShardTensor, DTensor)):
@@ -551,6 +569,7 @@ __all__ = [
     "Operand",
     "ReplicatedPart",
     "SliceBack",
+    "block_sizes",
     "numel_of",
     "operands",
     "replace_leaves",

@@ -461,20 +461,47 @@ def _consumed(entry: Any) -> int:
     return 1
 
 
+def _slice_bounds(entry: slice, length: int) -> tuple[int, int] | None:
+    """``(start, stop)`` of a step-1 slice with integer (or absent) bounds, else ``None``."""
+    if entry.step not in (None, 1):
+        return None
+    if not all(b is None or isinstance(b, int) for b in (entry.start, entry.stop)):
+        return None
+    start, stop, _ = entry.indices(length)
+    return start, max(start, stop)
+
+
+def _parts(sizes: Sequence[int], start: int, stop: int) -> tuple[int, ...]:
+    """Each block's part of the range ``[start, stop)`` of consecutive blocks of ``sizes``."""
+    out, offset = [], 0
+    for n in sizes:
+        out.append(max(0, min(stop, offset + n) - max(start, offset)))
+        offset += n
+    return tuple(out)
+
+
 def getitem(func: Callable, args: tuple, kwargs: dict) -> Any:
-    """``x[key]`` with basic indexing (and advanced indices after every sharded dim)."""
+    """``x[key]`` with basic indexing (and advanced indices after every sharded dim).
+
+    A step-1 slice of a sharded dim keeps, on each rank, its part of the slice: the result
+    is sharded with the parts as blocks (some may be empty), with no communication.
+    """
     if len(args) != 2 or kwargs:
         return NotImplemented
+    x = args[0]
     shape = _shapes(args, kwargs)[0]
     key = args[1] if isinstance(args[1], tuple) else (args[1],)
     if any(e is Ellipsis for e in key):
         at = key.index(Ellipsis)
         consumed = sum(_consumed(e) for e in key if e is not Ellipsis)
         key = key[:at] + (slice(None),) * (len(shape) - consumed) + key[at + 1 :]
+    sharded = {p.dim: m for m, p in enumerate(getattr(x, "placements", ())) if p.is_shard()}
     mapping: dict[int, int | None] = {}
+    ranges: dict[int, tuple[int, int]] = {}
+    slots: dict[int, int] = {}
     i = o = 0
     advanced = False
-    for entry in key:
+    for slot, entry in enumerate(key):
         if advanced:
             if entry is None or isinstance(entry, torch.Tensor):
                 return NotImplemented
@@ -489,7 +516,13 @@ def getitem(func: Callable, args: tuple, kwargs: dict) -> Any:
             mapping[i] = None
             i += 1
         elif isinstance(entry, slice):
-            mapping[i] = o if _is_full(entry, shape[i]) else None
+            bounds = None if _is_full(entry, shape[i]) else _slice_bounds(entry, shape[i])
+            if _is_full(entry, shape[i]) or (bounds is not None and i in sharded):
+                mapping[i] = o
+                if bounds is not None:
+                    ranges[i], slots[i] = bounds, slot
+            else:
+                mapping[i] = None
             i += 1
             o += 1
         elif isinstance(entry, torch.Tensor):
@@ -505,7 +538,25 @@ def getitem(func: Callable, args: tuple, kwargs: dict) -> Any:
     def out_dim(k: int, d: int) -> int | None:
         return mapping.get(d) if k == 0 else None
 
-    return _run(func, args, kwargs, DimMap(out_dim))
+    if not ranges:
+        return _run(func, args, kwargs, DimMap(out_dim))
+
+    def resized(k: int, d: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        return _parts(sizes, *ranges[d]) if k == 0 and d in ranges else sizes
+
+    def local_func(local: torch.Tensor, local_key: Any) -> Any:
+        entries = list(local_key if isinstance(local_key, tuple) else (local_key,))
+        for d, (start, stop) in ranges.items():
+            mesh_dim = sharded[d]
+            sizes = blockwise.block_sizes(x, mesh_dim)
+            k = int(x.device_mesh.get_coordinate()[mesh_dim])
+            offset = sum(sizes[:k])
+            low = min(max(start - offset, 0), sizes[k])
+            entries[slots[d]] = slice(low, low + _parts(sizes, start, stop)[k])
+        return local[tuple(entries)]
+
+    dims = DimMap(out_dim, resized=resized)
+    return _run(func, (x, key), {}, dims, local_func=local_func)
 
 
 def cat(func: Callable, args: tuple, kwargs: dict) -> Any:
