@@ -96,15 +96,8 @@ def test_default_configs_compose():
     options = sharding_options(cfg["sharding"])
     assert options == ShardingOptions()
     assert loader_options(options, num_workers=cfg["data"]["num_workers"]) == {
-        "token_multiple": 1,
-        "atom_multiple": 1,
-        "align_lengths": False,
-        "method": "p2p",
+        "options": ShardingOptions(),
         "num_workers": 0,
-        "scatter_options": {"map_layout": "dense"},
-        "balance": "even",
-        "pair_weight": 0.0,
-        "atom_weight": 1.0,
     }
     model = build_model(cfg["model"], 0)
     assert isinstance(model, ReferenceFoldModel) and model.config == ModelConfig()
@@ -192,11 +185,14 @@ def test_a_batch_of_two_is_refused_before_any_work():
 
 
 def test_balance_is_selected_in_the_sharding_config():
-    even = loader_options(sharding_options(config("train")["sharding"]))
-    assert (even["balance"], even["pair_weight"], even["atom_weight"]) == ("even", 0.0, 1.0)
+    even = loader_options(sharding_options(config("train")["sharding"]))["options"].balance
+    assert (even.mode, even.pair_weight, even.atom_weight) == ("even", 0.0, 1.0)
     overrides = ["sharding.balance.mode=balanced", "sharding.balance.pair_weight=0.5"]
     chosen = loader_options(sharding_options(config("train", overrides)["sharding"]))
-    assert (chosen["balance"], chosen["pair_weight"]) == ("balanced", 0.5)
+    assert (chosen["options"].balance.mode, chosen["options"].balance.pair_weight) == (
+        "balanced",
+        0.5,
+    )
     for app in ("predict", "scatter"):
         more = [*overrides, "sharding.atom_multiple=32"]
         options = sharding_options(config(app, more)["sharding"])

@@ -1,0 +1,70 @@
+"""A guard that fails when any op makes a local tensor larger than a stated bound.
+
+Context parallelism exists so that no rank ever holds a full ``N x N`` pair tensor or an
+``N x N x N`` score tensor. :class:`LocalSizeGuard` is a ``TorchDispatchMode`` that looks at
+every tensor an op produces during a forward and backward, measures what this rank really
+holds (the local block of a ShardTensor or DTensor, a plain tensor as it is) and records
+every one over the bound, with the op that made it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from physicsnemo.domain_parallel import ShardTensor
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from physicsnemo_foldcp.ops import compat
+
+
+def local_numel(t: torch.Tensor) -> int:
+    """Elements this rank holds of ``t`` (its local block for a distributed tensor)."""
+    if isinstance(t, (ShardTensor, DTensor)):
+        return int(compat.local_tensor(t).numel())
+    return int(t.numel())
+
+
+@dataclass
+class LocalSizeGuard(TorchDispatchMode):
+    """Record every op output whose local size exceeds ``limit`` elements.
+
+    Parameters
+    ----------
+    limit : int
+        The largest local tensor allowed, in elements.
+
+    Attributes
+    ----------
+    largest : int
+        The largest local tensor seen.
+    violations : list[tuple[str, tuple[int, ...], int]]
+        ``(op, local shape, elements)`` of every output over the limit.
+    """
+
+    limit: int
+    largest: int = 0
+    violations: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                n = local_numel(t)
+                self.largest = max(self.largest, n)
+                if n > self.limit:
+                    shape = tuple(
+                        compat.local_tensor(t).shape
+                        if isinstance(t, (ShardTensor, DTensor))
+                        else t.shape
+                    )
+                    self.violations.append((str(func), shape, n))
+        return out
+
+
+__all__ = ["LocalSizeGuard", "local_numel"]
