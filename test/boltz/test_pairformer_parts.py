@@ -12,40 +12,23 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-import physicsnemo_foldcp.boltz as fc_boltz
 from physicsnemo_foldcp.ops import observe
 from physicsnemo_foldcp.ops.events import FALLBACK
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.layouts import TokenLayout
+from physicsnemo_foldcp.testing.parity import close, compare_parameter_grads
+
+PAIR = ("tokens", "tokens", None)
+SINGLE = ("tokens", None)
 
 pytestmark = pytest.mark.multigpu_static
 MESHES = [(2, 1, 2), (2, 2, 1), (1, 2, 2), (1, 2, 3), (1, 3, 2), (1, 3, 3)]
 mesh_param = pytest.mark.parametrize(
     "fold_mesh", MESHES, indirect=True, ids=lambda s: "x".join(map(str, s))
 )
-PAIR = ("tokens", "tokens", None)
-SINGLE = ("tokens", None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def boltz_installed():
-    fc_boltz.install()
-    yield
 
-
-def close(a, b, label, problems, rtol=1e-5, atol=1e-6):
-    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
-    if a.shape != b.shape or not torch.allclose(a, b, rtol=rtol, atol=atol * scale):
-        diff = (a - b).abs().max() if a.shape == b.shape else f"shapes {a.shape} {b.shape}"
-        problems.append(f"{label}: differs by {diff}")
-
-
-def compare_parameters(distributed, serial, problems):
-    for (name, p), (_, q) in zip(distributed.named_parameters(), serial.named_parameters()):
-        if (p.grad is None) != (q.grad is None):
-            problems.append(f"{name}: gradient present in one run only")
-        elif p.grad is not None:
-            close(p.grad, q.grad, f"grad {name}", problems)
 
 
 def inputs(n, c_s, c_z, seed=0):
@@ -83,7 +66,7 @@ def test_attention_pair_bias_matches_serial_without_fallbacks(fold_mesh):
     close(out.full_tensor(), ref.detach(), "output", problems)
     close(s_leaf.grad, layout.local(s_ref.grad, SINGLE), "grad s", problems)
     close(z_leaf.grad, layout.local(z_ref.grad, PAIR), "grad z", problems)
-    compare_parameters(module, serial_module, problems)
+    compare_parameter_grads(module, serial_module, problems)
     collective_assert(not problems, "; ".join(problems))
 
 
@@ -109,7 +92,7 @@ def test_transition_on_a_pair_tile_is_local(fold_mesh):
         problems.append(f"forward communicated: {forward.get_comm_counts()}")
     close(out.full_tensor(), ref.detach(), "output", problems)
     close(z_leaf.grad, layout.local(z_ref.grad, PAIR), "grad z", problems)
-    compare_parameters(module, serial_module, problems)
+    compare_parameter_grads(module, serial_module, problems)
     collective_assert(not problems, "; ".join(problems))
 
 
