@@ -352,3 +352,32 @@ class SumToReplicate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return grad, None, None
+
+
+class TileParameters(torch.autograd.Function):
+    """Parameters used on every rank's tile: their gradients summed over the mesh.
+
+    A module applied to the local blocks of sharded inputs computes, on each rank, the
+    part of every parameter's gradient that comes from its own blocks. Forward: the
+    parameters as they are (no communication). Backward: the gradients of all of them
+    flattened into one buffer, then ONE ``all_reduce`` of it per mesh dim in
+    ``mesh_dims`` (none for a dim of size 1), so every rank holds the serial gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, mesh: DeviceMesh, mesh_dims: tuple[int, ...], *params: torch.Tensor):
+        """``params`` unchanged (as views, so autograd routes their gradients here)."""
+        ctx.mesh, ctx.mesh_dims = mesh, mesh_dims
+        return tuple(p.view_as(p) for p in params)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        """The gradients, summed over ``mesh_dims`` in one flat buffer per mesh dim."""
+        flat = torch.cat([g.reshape(-1) for g in grads])  # unused outputs: zeros (materialized)
+        for mesh_dim in ctx.mesh_dims:
+            flat = all_reduce(flat, ctx.mesh, mesh_dim)
+        out, offset = [], 0
+        for g in grads:
+            out.append(flat.narrow(0, offset, g.numel()).view(g.shape))
+            offset += g.numel()
+        return (None, None, *out)
