@@ -16,7 +16,7 @@ import importlib
 
 from physicsnemo_foldcp.ops.modules import register_module_handler, unregister_module_handler
 
-HANDLER_MODULES: tuple[str, ...] = ()
+HANDLER_MODULES: tuple[str, ...] = ("triangle_attention",)
 """Modules of this package that provide Boltz module handlers."""
 
 _installed: list[type] = []
