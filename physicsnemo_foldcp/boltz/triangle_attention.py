@@ -38,9 +38,11 @@ Rank ``(i, j)`` computes the outputs of its own tile: rows ``r in R_i``, queries
 2. The queries' bias strip ``bias[q in C_j, k in 0..N, h]`` (:class:`QueryStrip`): the bias
    rows ``C_j`` are spread over the ranks whose *row* block meets ``C_j``. ONE all-to-all
    over ``Q`` sends, from rank ``(p, l)``, the rows ``R_p ∩ C_t`` of its bias tile to rank
-   ``(p, t)``, which then holds ``bias[R_p ∩ C_t, all k]``; ONE all-gather over ``P``
-   (uneven pieces) concatenates these over ``p`` into ``bias[C_t, all k]`` on every rank of
-   mesh column ``t``. No assumption on ``cp0 == cp1`` or on equal blocks.
+   ``(p, t)``, which then holds ``bias[R_p ∩ C_t, all k]``; these pieces are joined over
+   ``P`` into ``bias[C_t, all k]`` on every rank of mesh column ``t``: ONE all-gather of
+   the uneven pieces, or, when padding them to the widest would more than double the strip
+   (square meshes, where one row block holds all of ``C_t``), ONE all-reduce of the pieces
+   placed in a zeroed strip. No assumption on ``cp0 == cp1`` or on equal blocks.
 3. Keys, values and the key mask of rows ``R_i`` live on the ranks of mesh row ``i``
    (``(i, l)`` holds keys ``C_l``). They are streamed over ``Q`` in ``S`` steps: in step
    ``s`` every rank contributes columns ``[s w, (s + 1) w)`` of its tile (``w =
@@ -52,7 +54,8 @@ Rank ``(i, j)`` computes the outputs of its own tile: rows ``r in R_i``, queries
 4. Backward recomputes the logits the same way (flash-attention style, from the saved
    running max and sum): the gradients of the streamed keys and values are
    reduce-scattered back over ``Q`` per step, the bias strip's gradient goes back through
-   the adjoint of step 2 (ONE reduce-scatter over ``P``, ONE all-to-all over ``Q``).
+   the adjoint of step 2 (ONE reduce-scatter, or all-reduce, over ``P``; ONE all-to-all
+   over ``Q``).
 
 The ending node runs the same algorithm on the locally transposed tile with the mesh dims
 swapped (``P = cp1``, ``Q = cp0``): rows are the pair's columns ``C_j``, queries and keys
@@ -62,21 +65,28 @@ Collectives per call (starting node; the ending node swaps cp0 and cp1; none alo
 dim of size 1), with ``F = 2 H c + 1`` (keys, values, mask) and ``o_p = |R_p ∩ C_j|``:
 
 * forward: ONE all-to-all over ``cp1`` (sends the ``n x m x H`` bias tile, receives
-  ``o_i x N x H``); ONE all-gather over ``cp0`` (receives ``cp0 max_p o_p x N x H`` ≈ the
-  ``m x N x H`` strip); ``S <= cp1`` all-gathers over ``cp1`` (each ``cp1 w x n x F``,
-  about ``n x N x F`` in all);
+  ``o_i x N x H``); over ``cp0``, ONE all-gather (``cp0 max_p o_p x N x H``, the
+  ``m x N x H`` strip when the pieces are even) or ONE all-reduce of the ``m x N x H``
+  strip; ``S <= cp1`` all-gathers over ``cp1`` (each ``cp1 w x n x F``, about
+  ``n x N x F`` in all);
 * backward: ``S`` all-gathers over ``cp1`` again (recompute) and ``S`` reduce-scatters over
-  ``cp1`` of the key/value gradients (``cp1 w x n x 2 H c`` each); ONE reduce-scatter over
-  ``cp0`` and ONE all-to-all over ``cp1`` for the bias strip; ONE all-reduce over ``cp0``
-  and ONE over ``cp1`` of all parameter gradients together.
+  ``cp1`` of the key/value gradients (``cp1 w x n x 2 H c`` each, about ``n x N x 2 H c``
+  in all); for the bias strip ONE reduce-scatter (or all-reduce) over ``cp0`` of the
+  ``m x N x H`` strip gradient and ONE all-to-all over ``cp1`` (the forward's sizes
+  reversed); ONE all-reduce over ``cp0`` and ONE over ``cp1`` of all parameter gradients
+  together (``|theta|`` elements).
 
-Memory: besides the tile-sized activations autograd keeps (the normalised tile, ``q``,
-``k``, ``v``, the gate, the attention output; the bias tile and strip at ``H / C`` of a
-tile per column), the peak extra is the streamed buffer ``cp1 w x n x F`` (about ``F / C``
-local tiles), a few sub-chunk score tensors of ``n x H x m x kc`` elements (at most
-:data:`SCORE_BUDGET` local pair tiles each) and the ``n x H x m x c`` accumulator; in
-backward also the key/value gradient buffer ``cp1 w x n x 2 H c`` and ``dq, dk, dv``. No
-rank ever holds ``N x N`` scores of a row, or a row of key tiles.
+Memory, in units of the local pair tile ``n x m x C`` (``C`` channels): autograd keeps
+tile-sized activations, as the serial module does per row (the normalised tile, ``q``,
+``k``, ``v``, the gate, the attention output and the input of ``linear_o``, ``H c / C``
+tiles each), the bias tile (``H / C``) and the strip (``(N / n) H / C``; at most twice
+that while it is assembled), and two ``n x H x m`` softmax statistics. The peak extra
+while the attention runs is the streamed buffer ``cp1 w x n x F`` (about
+``(2 H c + 1) / C`` tiles of ``w``-padded key columns, i.e. ~2 tiles for Boltz's
+``H c = C``), a few sub-chunk score tensors of ``n x H x m x kc`` elements (at most
+:data:`SCORE_BUDGET` tiles each) and the ``n x H x m x c`` accumulator; in backward also
+the key/value gradient buffer ``cp1 w x n x 2 H c`` and ``dq, dk, dv`` (a tile each). No
+rank ever holds the ``N x N`` scores of a row, or a row of key tiles.
 
 ``chunk_size`` (Boltz's eval-mode row chunking) only bounds memory, which the streaming
 already bounds, so it is accepted and not used. ``use_kernels`` / ``use_flash_attn`` are
@@ -166,14 +176,24 @@ class Layout:
     p: int
     q: int
 
-    def strip_pieces(self, key_block: int) -> list[int]:
-        """``|R_a ∩ C_key_block|`` for every row block ``a``: the strip's rows per rank."""
+    def strip_pieces(self) -> list[int]:
+        """``|R_a ∩ C_q|`` for every row block ``a``: the query strip's rows per rank."""
         rows, keys = _starts(self.row_sizes), _starts(self.key_sizes)
-        kb_start, kb_len = keys[key_block], self.key_sizes[key_block]
         return [
-            _overlap(rows[a], self.row_sizes[a], kb_start, kb_len)
+            _overlap(rows[a], self.row_sizes[a], keys[self.q], self.key_sizes[self.q])
             for a in range(len(self.row_sizes))
         ]
+
+    def strip_by_sum(self) -> bool:
+        """Whether the strip is assembled over ``row_dim`` by an all-reduce of placed pieces.
+
+        An all-gather pads every piece to the widest: ``cp x widest`` rows move and are held.
+        When that exceeds twice the strip (e.g. a square mesh, where one row block holds the
+        whole strip and the others none), an all-reduce of the pieces placed in a zeroed
+        strip moves about twice the strip and holds exactly one.
+        """
+        pieces = self.strip_pieces()
+        return len(pieces) > 1 and len(pieces) * max(pieces) > 2 * sum(pieces)
 
     def split_of_rows(self) -> list[int]:
         """``|R_p ∩ C_t|`` for every key block ``t``: this rank's bias rows per destination."""
@@ -227,8 +247,11 @@ class QueryStrip(torch.autograd.Function):
     every column, identical on the ranks along ``row_dim``.
 
     Forward: ONE all-to-all over ``key_dim`` (rank ``(p, l)`` sends rows ``R_p ∩ C_t`` to
-    ``(p, t)``) and ONE all-gather over ``row_dim`` of the pieces ``R_a ∩ C_q``. Backward:
-    the adjoint, ONE reduce-scatter over ``row_dim`` and ONE all-to-all over ``key_dim``.
+    ``(p, t)``), then the pieces ``R_a ∩ C_q`` joined over ``row_dim``: ONE all-gather
+    (pieces padded to the widest), or ONE all-reduce of the pieces placed in a zeroed strip
+    when padding would more than double it (:meth:`Layout.strip_by_sum`). Backward: the
+    adjoint, ONE reduce-scatter (or all-reduce) over ``row_dim`` and ONE all-to-all over
+    ``key_dim``.
     """
 
     @staticmethod
@@ -252,9 +275,13 @@ class QueryStrip(torch.autograd.Function):
             )
         else:
             strip_rows = rows_first
-        strip = gather_blocks(
-            strip_rows, 0, layout.strip_pieces(layout.q), layout.mesh, layout.row_dim
-        )
+        pieces = layout.strip_pieces()
+        if layout.strip_by_sum():
+            strip = strip_rows.new_zeros((m,) + tuple(strip_rows.shape[1:]))
+            strip.narrow(0, sum(pieces[: layout.p]), own).copy_(strip_rows)
+            strip = all_reduce(strip, layout.mesh, layout.row_dim)
+        else:
+            strip = gather_blocks(strip_rows, 0, pieces, layout.mesh, layout.row_dim)
         return strip.permute(1, 3, 0, 2).contiguous()  # [B, H, m, N]
 
     @staticmethod
@@ -264,9 +291,13 @@ class QueryStrip(torch.autograd.Function):
         b, n, m, h = ctx.tile_shape
         ks = layout.key_sizes
         rows = grad.permute(2, 0, 3, 1)  # [m, B, N, H]
-        mine = reduce_scatter_blocks(
-            rows, 0, layout.strip_pieces(layout.q), layout.mesh, layout.row_dim
-        )  # [o, B, N, H]
+        pieces = layout.strip_pieces()
+        if layout.strip_by_sum():
+            total = all_reduce(rows.contiguous(), layout.mesh, layout.row_dim)
+            mine = total.narrow(0, sum(pieces[: layout.p]), pieces[layout.p])
+        else:
+            mine = reduce_scatter_blocks(rows, 0, pieces, layout.mesh, layout.row_dim)
+        # mine: [o, B, N, H], the rows R_p ∩ C_q of the strip's gradient
         if len(ks) > 1:
             own = mine.shape[0]
             send = [own * b * width * h for width in ks]

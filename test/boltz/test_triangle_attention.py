@@ -107,11 +107,23 @@ def expected_collectives(tiles: Tiles, starting: bool) -> dict[str, int]:
     keys = tiles.cols if starting else tiles.rows
     width = math.ceil(max(keys) / key_ranks)
     steps = math.ceil(max(keys) / width) if key_ranks > 1 else 0
+    # the query strip's pieces over the row axis: gathered, or summed when padding them
+    # to the widest would more than double the strip
+    i, j = tiles.here
+    rows, queries = (tiles.rows, keys) if starting else (tiles.cols, tiles.rows)
+    q = j if starting else i
+    q0, q1 = sum(queries[:q]), sum(queries[: q + 1])
+    pieces = [
+        max(0, min(r1, q1) - max(r0, q0))
+        for r0, r1 in ((sum(rows[:a]), sum(rows[: a + 1])) for a in range(len(rows)))
+    ]
+    summed = row_ranks > 1 and row_ranks * max(pieces) > 2 * sum(pieces)
+    gathered = row_ranks > 1 and not summed
     out = {
-        "all_gather": 2 * steps + (row_ranks > 1),
-        "reduce_scatter": steps + (row_ranks > 1),
+        "all_gather": 2 * steps + gathered,
+        "reduce_scatter": steps + gathered,
         "all_to_all": 2 * (key_ranks > 1),
-        "all_reduce": (cp0 > 1) + (cp1 > 1),
+        "all_reduce": (cp0 > 1) + (cp1 > 1) + 2 * summed,
     }
     return {k: v for k, v in out.items() if v}
 
