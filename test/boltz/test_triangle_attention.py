@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import physicsnemo_foldcp.boltz
+from physicsnemo_foldcp.boltz.triangle_attention import Layout, Stream
 from physicsnemo_foldcp.ops import wrap
 from physicsnemo_foldcp.ops._blocks import tile_shapes
 from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
@@ -26,7 +27,7 @@ from physicsnemo_foldcp.testing import collective_assert
 
 attention = pytest.importorskip("boltz.model.layers.triangular_attention.attention")
 
-pytestmark = pytest.mark.multigpu_static
+distributed = pytest.mark.multigpu_static
 
 MESHES = [(2, 1, 2), (2, 2, 1), (1, 2, 2), (1, 2, 3), (1, 3, 2), (1, 3, 3)]
 mesh_param = pytest.mark.parametrize(
@@ -161,6 +162,50 @@ def installed():
     yield
 
 
+# -- geometry (serial) ------------------------------------------------------------------------
+
+SIZES = [
+    ([37], [19, 18]),
+    ([21, 16], [37]),
+    ([15, 10, 12], [15, 10, 12]),
+    ([21, 16], [13, 12, 12]),
+    ([15, 10, 12], [19, 18]),
+    ([3, 30, 4], [5, 5, 5, 5, 17]),
+]
+
+
+@pytest.mark.parametrize("row_sizes, key_sizes", SIZES)
+def test_stream_visits_every_key_once(row_sizes, key_sizes):
+    for q in range(len(key_sizes)):
+        layout = Layout(None, 0, 1, tuple(row_sizes), tuple(key_sizes), 0, q)
+        stream = Stream.of(layout, key_chunk=4, inf=1e9)
+        seen = []
+        for step in range(stream.steps):
+            for at, key, width in stream.chunks(step):
+                rank, offset = divmod(at, stream.width)
+                assert offset + width <= stream.width
+                assert key == sum(key_sizes[:rank]) + step * stream.width + offset
+                seen.extend(range(key, key + width))
+        assert sorted(seen) == list(range(sum(key_sizes)))  # each key once, in any order
+        assert stream.width * len(key_sizes) <= max(key_sizes) + len(key_sizes) - 1
+
+
+@pytest.mark.parametrize("row_sizes, key_sizes", SIZES)
+def test_bias_strip_pieces_cover_the_query_block(row_sizes, key_sizes):
+    for p in range(len(row_sizes)):
+        for q in range(len(key_sizes)):
+            layout = Layout(None, 0, 1, tuple(row_sizes), tuple(key_sizes), p, q)
+            assert sum(layout.strip_pieces()) == key_sizes[q]
+            assert sum(layout.split_of_rows()) == row_sizes[p]
+            assert layout.split_of_rows()[q] == layout.strip_pieces()[p]
+    square = Layout(None, 0, 1, (15, 10, 12), (15, 10, 12), 1, 1)
+    assert square.strip_pieces() == [0, 10, 0] and square.strip_by_sum()
+
+
+# -- on the mesh ------------------------------------------------------------------------------
+
+
+@distributed
 @mesh_param
 @NODES
 @pytest.mark.parametrize("mode", ["train", "eval"])
@@ -201,6 +246,7 @@ def test_matches_serial_module(fold_mesh, starting, mode, n_tokens, dtype):
     collective_assert(not problems, "; ".join(problems))
 
 
+@distributed
 @pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=["2x2"])
 @pytest.mark.parametrize("flag", ["use_kernels", "use_flash_attn"])
 def test_kernel_paths_are_refused(fold_mesh, flag):
@@ -230,6 +276,7 @@ class LargestLocalTensor(TorchDispatchMode):
         return out
 
 
+@distributed
 @pytest.mark.parametrize("fold_mesh", [(1, 3, 3)], indirect=True, ids=["3x3"])
 @NODES
 def test_no_local_tensor_grows_past_a_few_tiles(fold_mesh, starting):
