@@ -16,7 +16,12 @@ import importlib
 
 from physicsnemo_foldcp.ops.modules import register_module_handler, unregister_module_handler
 
-HANDLER_MODULES: tuple[str, ...] = ("attention_pair_bias", "triangle_mult")
+HANDLER_MODULES: tuple[str, ...] = (
+    "attention_pair_bias",
+    "pairformer",
+    "triangle_attention",
+    "triangle_mult",
+)
 """Modules of this package that provide Boltz module handlers."""
 
 _installed: list[type] = []

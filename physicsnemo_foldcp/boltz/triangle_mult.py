@@ -38,7 +38,7 @@ is skipped; "tile" = one rank's ``a`` block, bytes received per rank):
 * backward, outgoing: ``S`` all-gathers over cp1, ``2 S`` collectives over cp0 (an
   all-gather and a reduce-scatter), ``(cp1 - 1) + 2 (cp0 - 1)`` tiles; incoming exchanged;
   plus ONE all-reduce per mesh dim of all the module's parameter gradients together
-  (:class:`~physicsnemo_foldcp.ops._blocks.TileParameters`).
+  (:func:`~physicsnemo_foldcp.ops.modules.tile_parameters`).
 
 ``use_kernels=True`` (Boltz's cuequivariance kernels) is refused on sharded inputs.
 """
@@ -51,13 +51,11 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Shard
-from torch.func import functional_call
 
 from physicsnemo_foldcp.ops._blocks import (
     COLUMNS,
     ROWS,
     ShardingLayoutError,
-    TileParameters,
     coordinate,
     describe,
     local_of,
@@ -66,6 +64,7 @@ from physicsnemo_foldcp.ops._blocks import (
     tile_shapes,
 )
 from physicsnemo_foldcp.ops.compat import global_shape
+from physicsnemo_foldcp.ops.modules import submodule_caller, tile_parameters
 from physicsnemo_foldcp.ops.tensor import FoldTensor, wrap
 from physicsnemo_foldcp.ops.triangle import INCOMING, OUTGOING, triangle_product
 
@@ -116,16 +115,6 @@ def pair_tile_layout(
     return x.device_mesh, rows, cols
 
 
-def _tile_parameters(module: nn.Module, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
-    """The module's parameters, with gradients summed over the mesh (one all-reduce per dim)."""
-    params = dict(module.named_parameters())
-    trained = [name for name, p in params.items() if p.requires_grad]
-    if not (torch.is_grad_enabled() and trained):
-        return params
-    shared = TileParameters.apply(mesh, (ROWS, COLUMNS), *(params[n] for n in trained))
-    return {**params, **dict(zip(trained, shared))}
-
-
 def triangle_multiplication(
     module: nn.Module, x: Any, mask: Any, use_kernels: bool, direction: str
 ) -> FoldTensor:
@@ -165,12 +154,7 @@ def triangle_multiplication(
             "use_kernels=False on sharded pair features"
         )
     mesh, rows, cols = pair_tile_layout(x, mask, op)
-    params = _tile_parameters(module, mesh)
-
-    def call(name: str, value: torch.Tensor) -> torch.Tensor:
-        prefix = name + "."
-        own = {k[len(prefix) :]: p for k, p in params.items() if k.startswith(prefix)}
-        return functional_call(getattr(module, name), own, (value,))
+    call = submodule_caller(module, tile_parameters(module, mesh))
 
     h = call("norm_in", local_of(x))
     h_in = h

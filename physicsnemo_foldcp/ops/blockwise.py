@@ -324,8 +324,14 @@ def _decide(ops: list[Operand], dims: DimMap | None, mesh: DeviceMesh) -> _Decis
         for o, d, _ in touched:
             decision.gather[(o.index, m)] = events.FALLBACK
             decision.reasons[(o.index, m)] = f"the op reads along its sharded dim {d}"
+        # A result dim can be sharded over one mesh dim only: the first operand dim
+        # that maps to a result dim no other mesh dim shards sets the layout.
+        claimed = {od for od, _ in decision.out.values()}
+        free = [(o, d, od) for o, d, od in kept if od not in claimed]
         if kept:
-            first, d0, od0 = kept[0]
+            conflicts[m] = list(kept)
+        if free:
+            first, d0, od0 = free[0]
             blocks = dims.out_sizes(first.index, d0, first.sizes[m])
             decision.out[m] = (od0, blocks)
             conflicts[m] = [
@@ -338,7 +344,7 @@ def _decide(ops: list[Operand], dims: DimMap | None, mesh: DeviceMesh) -> _Decis
         for o, d, _ in rest:
             decision.gather[(o.index, m)] = events.FALLBACK
             decision.reasons[(o.index, m)] = (
-                f"its dim {d} is sharded unlike the result's dim {decision.out[m][0]}"
+                f"its dim {d} is sharded over mesh dim {m} unlike the result"
             )
     if dims is not None and dims.same_shape:
         for (k, m), _kind in list(decision.gather.items()):

@@ -206,10 +206,35 @@ def all_reduce(t: torch.Tensor, op: str, mesh: DeviceMesh, mesh_dim: int) -> tor
     return _waited(_funcol.all_reduce(t.contiguous(), op, (mesh, mesh_dim)))
 
 
+def all_to_all(
+    t: torch.Tensor,
+    output_split_sizes: list[int],
+    input_split_sizes: list[int],
+    mesh: DeviceMesh,
+    mesh_dim: int,
+) -> torch.Tensor:
+    """Exchange pieces of ``t`` with the ranks along ``mesh_dim``, waited.
+
+    Piece ``r`` of ``t`` (``input_split_sizes[r]`` entries along dim 0) goes to the rank at
+    coordinate ``r``; the result holds, along dim 0 and in coordinate order, the pieces
+    received (``output_split_sizes[r]`` entries from coordinate ``r``). Sizes may differ and
+    may be zero.
+
+    Upstream: ``_functional_collectives.all_to_all_single(t, output_split_sizes,
+    input_split_sizes, (mesh, mesh_dim))``. Relied on: CommDebugMode counts it; the result
+    is a plain tensor after ``wait``; gloo and NCCL accept uneven and empty pieces.
+    """
+    out = _funcol.all_to_all_single(
+        t.contiguous(), list(output_split_sizes), list(input_split_sizes), (mesh, mesh_dim)
+    )
+    return _waited(out)
+
+
 __all__ = [
     "UPSTREAM_FALLBACKS",
     "all_gather",
     "all_reduce",
+    "all_to_all",
     "conversion_active",
     "conversion_scope",
     "function_handlers_removed",

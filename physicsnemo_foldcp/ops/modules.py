@@ -6,10 +6,18 @@ tensor and a triangle attention ``N x N x N`` scores. For those, a *module handl
 the module's forward distributed, with the module's own parameters (so its
 ``state_dict`` and the user's code stay as they are).
 
-:func:`register_module_handler` wraps the class's ``forward``: a call with a
-:class:`~physicsnemo_foldcp.ops.tensor.FoldTensor` among its arguments runs
-``handler(module, *args, **kwargs)``; every other call runs the class's own ``forward``
-unchanged. :func:`unregister_module_handler` puts the original back.
+:func:`register_module_handler` wraps the class's ``forward``: a call with a ShardTensor
+among its arguments first makes every ShardTensor argument a
+:class:`~physicsnemo_foldcp.ops.tensor.FoldTensor` (:func:`~physicsnemo_foldcp.ops.adopt`:
+the same blocks, gradients passed through), then runs ``handler(module, *args, **kwargs)``,
+or the class's own ``forward`` when the handler is :data:`OWN_FORWARD`; every other call
+runs the class's own ``forward`` unchanged. :func:`unregister_module_handler` puts the
+original back.
+
+:data:`OWN_FORWARD` serves container layers whose own forward is right under the
+plugin's dispatch but whose inputs may arrive as plain ShardTensors: a reentrant
+``torch.utils.checkpoint`` saves a layer's inputs and hands the recomputation ShardTensors
+without the plugin's class.
 """
 
 from __future__ import annotations
@@ -18,25 +26,36 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from physicsnemo.domain_parallel import ShardTensor
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.func import functional_call
 
-from physicsnemo_foldcp.ops.blockwise import tensor_leaves
-from physicsnemo_foldcp.ops.tensor import FoldTensor
+from physicsnemo_foldcp.ops._blocks import COLUMNS, ROWS, TileParameters
+from physicsnemo_foldcp.ops.blockwise import replace_leaves, tensor_leaves
+from physicsnemo_foldcp.ops.tensor import adopt
 
 ModuleHandler = Callable[..., Any]
 """``handler(module, *args, **kwargs)``: the module's forward on FoldTensor inputs."""
 
-MODULE_HANDLERS: dict[type[nn.Module], ModuleHandler] = {}
+MODULE_HANDLERS: dict[type[nn.Module], ModuleHandler | None] = {}
 """Classes with a registered handler (subclasses inherit it unless they have their own)."""
 
-
-def has_fold_tensor(args: tuple, kwargs: dict) -> bool:
-    """Whether a FoldTensor is among ``args`` / ``kwargs`` (lists looked into)."""
-    return any(isinstance(t, FoldTensor) for _, t in tensor_leaves(args, kwargs))
+OWN_FORWARD = None
+"""The handler that runs the class's own forward, on inputs made FoldTensors first."""
 
 
-def register_module_handler(cls: type[nn.Module], handler: ModuleHandler) -> None:
-    """Run ``handler(module, *args, **kwargs)`` for ``cls.forward`` calls on FoldTensors.
+def adopted(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """``(args, kwargs)`` with every ShardTensor a FoldTensor, or ``None`` if there is none."""
+    found = {path: t for path, t in tensor_leaves(args, kwargs) if isinstance(t, ShardTensor)}
+    if not found:
+        return None
+    return replace_leaves(args, kwargs, {path: adopt(t) for path, t in found.items()})
+
+
+def register_module_handler(cls: type[nn.Module], handler: ModuleHandler | None) -> None:
+    """Run ``handler(module, *args, **kwargs)`` for ``cls.forward`` calls on ShardTensors.
 
     Idempotent: registering again replaces the handler and keeps the original forward.
 
@@ -44,8 +63,10 @@ def register_module_handler(cls: type[nn.Module], handler: ModuleHandler) -> Non
     ----------
     cls : type[nn.Module]
         The module class (e.g. a Boltz layer).
-    handler : callable
-        ``handler(module, *args, **kwargs)`` with the arguments of ``cls.forward``.
+    handler : callable or OWN_FORWARD
+        ``handler(module, *args, **kwargs)`` with the arguments of ``cls.forward``, its
+        ShardTensors made FoldTensors; :data:`OWN_FORWARD` runs the class's own forward
+        on them.
     """
     MODULE_HANDLERS[cls] = handler
     current = cls.__dict__.get("forward")
@@ -55,9 +76,11 @@ def register_module_handler(cls: type[nn.Module], handler: ModuleHandler) -> Non
 
     @functools.wraps(original)
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if has_fold_tensor(args, kwargs):
-            return MODULE_HANDLERS[cls](self, *args, **kwargs)
-        return original(self, *args, **kwargs)
+        converted = adopted(args, kwargs)
+        if converted is None:
+            return original(self, *args, **kwargs)
+        handler = MODULE_HANDLERS[cls]
+        return (handler or original)(self, *converted[0], **converted[1])
 
     forward.foldcp_original = original
     forward.foldcp_own = current is not None
@@ -76,10 +99,48 @@ def unregister_module_handler(cls: type[nn.Module]) -> None:
         delattr(cls, "forward")
 
 
+def tile_parameters(module: nn.Module, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+    """The module's parameters for use on every rank's own pair tile.
+
+    Each rank computes, from its blocks, a part of every parameter's gradient; the
+    returned tensors (views of the parameters) sum those parts in backward: ONE all-reduce
+    over ``cp0`` and ONE over ``cp1`` of all gradients flattened together
+    (:class:`~physicsnemo_foldcp.ops._blocks.TileParameters`). Without grad, the
+    parameters themselves.
+    """
+    params = dict(module.named_parameters())
+    trained = [name for name, p in params.items() if p.requires_grad]
+    if not (torch.is_grad_enabled() and trained):
+        return params
+    shared = TileParameters.apply(mesh, (ROWS, COLUMNS), *(params[n] for n in trained))
+    return {**params, **dict(zip(trained, shared))}
+
+
+def submodule_caller(
+    module: nn.Module, params: dict[str, torch.Tensor]
+) -> Callable[..., torch.Tensor]:
+    """``call(name, *inputs)``: submodule ``name``'s own forward with ``params`` in place.
+
+    ``params`` are keyed like ``module.named_parameters()`` (e.g. :func:`tile_parameters`);
+    the submodule runs through :func:`torch.func.functional_call`, so its own forward (and
+    dtype handling) is kept.
+    """
+
+    def call(name: str, *inputs: torch.Tensor) -> torch.Tensor:
+        prefix = name + "."
+        own = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
+        return functional_call(module.get_submodule(name), own, inputs)
+
+    return call
+
+
 __all__ = [
     "MODULE_HANDLERS",
+    "OWN_FORWARD",
     "ModuleHandler",
-    "has_fold_tensor",
+    "adopted",
     "register_module_handler",
+    "submodule_caller",
+    "tile_parameters",
     "unregister_module_handler",
 ]

@@ -6,6 +6,8 @@ applies to a call wins; a rule passes when the call is not of its form)::
     category   what
     ---------  ----------------------------------------------------------------------
     plain      metadata of the wrapper (shape, dtype, device, ...): no dispatch at all
+    backward   ``Tensor.backward``: torch's own backward with the plugin's dispatch left on
+               (a checkpointed layer recomputes its forward through it)
     upstream   autograd-identity and serialisation functions: PhysicsNeMo's dispatch
     refuse     in-place ops and out=: a clear error, nothing is half-written
     keep tag   casts, detach, clone, contiguous of a map or view: same blocks, same tag
@@ -31,18 +33,20 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from physicsnemo.domain_parallel import ShardTensor
 
 from physicsnemo_foldcp.ops import compat, dispatch, families, maps, single_pair
 from physicsnemo_foldcp.ops._blocks import ShardingLayoutError, describe
 from physicsnemo_foldcp.ops.events import op_name
 
 PLAIN = "plain"
+BACKWARD = "backward"
 UPSTREAM = "upstream"
 REFUSE = "refuse"
 KEEP_TAG = "keep tag"
 DERIVE = "derive"
 LOCAL = "local"
-CATEGORIES = (PLAIN, UPSTREAM, REFUSE, KEEP_TAG, DERIVE, LOCAL)
+CATEGORIES = (PLAIN, BACKWARD, UPSTREAM, REFUSE, KEEP_TAG, DERIVE, LOCAL)
 """Rule categories, in the order the table lists them."""
 
 
@@ -134,7 +138,7 @@ METADATA = _funcs(
 """Answered by the wrapper itself (global shape, dtype, device) without any dispatch."""
 
 AUTOGRAD_IDENTITY = _funcs(
-    "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "backward",
+    "register_hook", "register_post_accumulate_grad_hook", "retain_grad",
     "__reduce_ex__", "__deepcopy__", "__setstate__", "data", "grad", "is_leaf", "grad_fn",
     "requires_grad", "requires_grad_", "untyped_storage", "storage",
     on=(torch.Tensor,),
@@ -153,6 +157,49 @@ IN_PLACE = tuple(
     )
 )  # fmt: skip
 """In-place methods: refused on FoldTensors (write the out-of-place form)."""
+
+
+def _as_tuple(value: Any) -> tuple:
+    if value is None:
+        return (None,)
+    return (value,) if isinstance(value, torch.Tensor) else tuple(value)
+
+
+def _backward(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``loss.backward(...)`` / ``torch.autograd.backward(...)`` from the local blocks.
+
+    The backward starts from each output's local block (``to_local()``, whose backward
+    hands the wrapper its gradient) with the gradients' local blocks, so torch runs it as
+    for plain tensors. PhysicsNeMo's generic path would run the whole backward with
+    torch-function dispatch disabled, and a layer recomputed inside it
+    (``torch.utils.checkpoint``) would then skip the plugin's rules.
+    """
+    if func is torch.Tensor.backward:
+        names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "inputs")
+        bound = dict(zip(names, args))
+        bound.update({"grad_tensors" if k == "gradient" else k: v for k, v in kwargs.items()})
+    else:
+        names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables")
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+    tensors = _as_tuple(bound["tensors"])
+    given = bound.get("grad_tensors")
+    grads = _as_tuple(given if given is not None else bound.get("grad_variables"))
+    if len(grads) == 1 and len(tensors) > 1 and grads[0] is None:
+        grads = (None,) * len(tensors)
+
+    def local(t: Any, differentiable: bool) -> Any:
+        if not isinstance(t, ShardTensor):
+            return t
+        return t.to_local() if differentiable else compat.local_tensor(t)
+
+    return torch.autograd.backward(
+        [local(t, True) for t in tensors],
+        [local(g, False) for g in grads],
+        bound.get("retain_graph"),
+        bound.get("create_graph", False),
+        inputs=bound.get("inputs"),
+    )
 
 
 def _refuse_in_place(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -208,6 +255,8 @@ class Rule:
 
 TABLE: tuple[Rule, ...] = (
     Rule(PLAIN, METADATA, None, "metadata of the wrapper: global shape, dtype, device"),
+    Rule(BACKWARD, (torch.Tensor.backward, torch.autograd.backward), _backward,
+         "backward from the local blocks, the plugin's dispatch on"),
     Rule(UPSTREAM, AUTOGRAD_IDENTITY, None, "hooks, gradients, pickling: PhysicsNeMo's path"),
     Rule(REFUSE, IN_PLACE, _refuse_in_place, "in-place ops: error naming op and layout"),
     Rule(KEEP_TAG, maps.KEEP_TAG_FUNCS, maps.keep_tag_rule, "casts/copies of a map or view"),

@@ -44,4 +44,32 @@ def compare_parameter_grads(distributed: nn.Module, serial: nn.Module, problems:
             close(p.grad, q.grad, f"grad {name}", problems)
 
 
-__all__ = ["close", "compare_parameter_grads"]
+def randomize_parameters(module: nn.Module, seed: int, scale: float = 0.5) -> nn.Module:
+    """Give every parameter random values from a torch generator, the same on every rank.
+
+    Modules that initialise weights with another random source (Boltz draws some from
+    NumPy's global generator) or with zeros (Boltz's final layers, whose gradients are then
+    zero for a zero upstream) get non-zero weights that agree across ranks: a parity test
+    then compares real gradients. Norm weights get ``1 +`` noise.
+
+    Parameters
+    ----------
+    module : nn.Module
+        Changed in place; returned.
+    seed : int
+        Seed of the generator.
+    scale : float, default 0.5
+        Standard deviation, divided by ``sqrt(fan_in)`` for matrices.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
+            if p.ndim >= 2:
+                noise = noise / p.shape[-1] ** 0.5
+            offset = 1.0 if "norm" in name and name.endswith("weight") else 0.0
+            p.copy_(offset + scale * noise)
+    return module
+
+
+__all__ = ["close", "compare_parameter_grads", "randomize_parameters"]

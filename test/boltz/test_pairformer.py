@@ -17,7 +17,7 @@ from physicsnemo_foldcp.ops import masked_mean
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.layouts import TokenLayout
 from physicsnemo_foldcp.testing.memory import LocalSizeGuard
-from physicsnemo_foldcp.testing.parity import close
+from physicsnemo_foldcp.testing.parity import close, randomize_parameters
 from physicsnemo_foldcp.training import batched, validate_model
 
 PAIR = ("tokens", "tokens", None)
@@ -78,8 +78,7 @@ def run_both(fold_mesh, module, n, training, seq=True, seed=0):
 def test_pairformer_layer_matches_serial(fold_mesh, training):
     from boltz.model.layers.pairformer import PairformerLayer
 
-    torch.manual_seed(0)
-    layer = PairformerLayer(**SIZES, dropout=0.25)
+    layer = randomize_parameters(PairformerLayer(**SIZES, dropout=0.25), 0)
     n = 23
 
     class Chunked(nn.Module):  # the eval-mode chunk size PairformerModule passes
@@ -100,10 +99,10 @@ def test_pairformer_layer_matches_serial(fold_mesh, training):
 def test_pairformer_module_matches_serial(fold_mesh, checkpointing):
     from boltz.model.layers.pairformer import PairformerModule
 
-    torch.manual_seed(1)
     module = PairformerModule(
         **SIZES, num_blocks=2, dropout=0.25, activation_checkpointing=checkpointing
     )
+    randomize_parameters(module, 1)
     problems = run_both(fold_mesh, module, 37, training=True, seed=1)
     collective_assert(not problems, "; ".join(problems))
 
@@ -112,10 +111,10 @@ def test_pairformer_module_matches_serial(fold_mesh, checkpointing):
 def test_pairformer_no_seq_module_matches_serial_in_eval(fold_mesh):
     from boltz.model.layers.pairformer import PairformerNoSeqModule
 
-    torch.manual_seed(2)
     module = PairformerNoSeqModule(
         SIZES["token_z"], num_blocks=2, pairwise_head_width=8, pairwise_num_heads=2
     )
+    randomize_parameters(module, 2)
     problems = run_both(fold_mesh, module, 23, training=False, seq=False, seed=2)
     collective_assert(not problems, "; ".join(problems))
 
@@ -129,8 +128,7 @@ def test_no_rank_holds_a_full_pair_or_cubic_scores(fold_mesh):
     from boltz.model.layers.pairformer import PairformerModule
 
     n = 37
-    torch.manual_seed(3)
-    module = PairformerModule(**SIZES, num_blocks=1, dropout=0.25)
+    module = randomize_parameters(PairformerModule(**SIZES, num_blocks=1, dropout=0.25), 3)
     s, z, mask, pair_mask = pair_inputs(n, 3)
     layout = TokenLayout(fold_mesh, n)
     s_st, _ = layout.shard(s, ("tokens", None), requires_grad=True)
@@ -179,6 +177,6 @@ def pairformer_loss(outputs, feats):
 @pytest.mark.parametrize("fold_mesh", [(1, 2, 3), (1, 3, 3)], indirect=True, ids=mesh_id)
 def test_validate_model_finds_no_fallback_in_the_pairformer(fold_mesh):
     sample = batched(make_complex(19, seed=8, msa_rows=2))
-    torch.manual_seed(4)
-    report = validate_model(PairformerOnFeatures(), sample, fold_mesh, loss_fn=pairformer_loss)
+    model = randomize_parameters(PairformerOnFeatures(), 4)
+    report = validate_model(model, sample, fold_mesh, loss_fn=pairformer_loss)
     collective_assert(report.ok, report.format())

@@ -16,7 +16,11 @@ from physicsnemo_foldcp.ops import observe
 from physicsnemo_foldcp.ops.events import FALLBACK
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.layouts import TokenLayout
-from physicsnemo_foldcp.testing.parity import close, compare_parameter_grads
+from physicsnemo_foldcp.testing.parity import (
+    close,
+    compare_parameter_grads,
+    randomize_parameters,
+)
 
 PAIR = ("tokens", "tokens", None)
 SINGLE = ("tokens", None)
@@ -45,8 +49,7 @@ def test_attention_pair_bias_matches_serial_without_fallbacks(fold_mesh):
     from boltz.model.layers.attentionv2 import AttentionPairBias
 
     n = 23
-    torch.manual_seed(0)
-    module = AttentionPairBias(32, 16, num_heads=4)
+    module = randomize_parameters(AttentionPairBias(32, 16, num_heads=4), 0)
     serial_module = copy.deepcopy(module)
     s, z, mask = inputs(n, 32, 16)
     layout = TokenLayout(fold_mesh, n)
@@ -75,8 +78,7 @@ def test_transition_on_a_pair_tile_is_local(fold_mesh):
     from boltz.model.layers.transition import Transition
 
     n = 23
-    torch.manual_seed(1)
-    module = Transition(16, 64)
+    module = randomize_parameters(Transition(16, 64), 1)
     serial_module = copy.deepcopy(module)
     _, z, _ = inputs(n, 32, 16, seed=1)
     layout = TokenLayout(fold_mesh, n)

@@ -166,3 +166,24 @@ def test_collectives_are_counted_and_correct(fold_mesh):
     if counts != 4:
         problems.append(f"CommDebugMode counted {counts} collectives, not 4")
     collective_assert(not problems and dist.is_initialized(), "; ".join(problems))
+
+
+@distributed
+@MESH
+def test_all_to_all_exchanges_uneven_and_empty_pieces(fold_mesh):
+    mesh = fold_mesh.domain_mesh
+    _, j = fold_mesh.domain_coordinate
+    # along cp1: rank 0 sends 0 rows to itself and 3 to rank 1; rank 1 sends 2 and 1
+    send_sizes = [[0, 3], [2, 1]][j]
+    receive_sizes = [[0, 2], [3, 1]][j]
+    t = torch.arange(sum(send_sizes) * 2, dtype=torch.float32).reshape(-1, 2) + 100 * j
+    with CommDebugMode() as mode:
+        got = compat.all_to_all(t, receive_sizes, send_sizes, mesh, 1)
+    expected = [
+        torch.tensor([[100.0, 101.0], [102.0, 103.0]]),
+        torch.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [104.0, 105.0]]),
+    ][j]
+    counts = sum(mode.get_comm_counts().values())
+    collective_assert(
+        torch.equal(got, expected) and counts == 1, f"got {got}, {counts} collectives counted"
+    )
