@@ -1,0 +1,1108 @@
+"""Benchmark 4: Boltz's PairformerModule under CP: peak memory, bytes per op, time per layer.
+
+    torchrun --standalone --nproc-per-node 1 benchmarks/bench_pairformer.py --tokens 128 256 384
+    torchrun --standalone --nproc-per-node 4 benchmarks/bench_pairformer.py --tokens 128 256 384
+    torchrun --standalone --nproc-per-node 6 benchmarks/bench_pairformer.py --cp 2 3 \
+        --tokens 128 256 384
+    torchrun --standalone --nproc-per-node 9 benchmarks/bench_pairformer.py --tokens 128 256 384
+
+One launch per mesh (``--cp``, by default the square mesh of the world size: 1x1, 2x2,
+3x3). For each ``N``, Boltz's own ``PairformerModule`` (``boltz.model.layers.pairformer``,
+unmodified, built after seeding torch and NumPy so every rank holds the same weights, with
+``--init-noise`` added so that no sub-module's zero-initialised last projection hides it
+from the loss, train mode so dropout is on) runs forward and
+backward on random ``s [1, N, token_s]`` and ``z [1, N, N, token_z]`` (both requiring
+grad, as a trunk layer's inputs do), with ``--padded`` masked tokens at the end; the inputs
+are laid out as the scatter lays out features
+(:class:`~physicsnemo_foldcp.testing.layouts.TokenLayout`: ``s`` row-sharded, ``z`` the
+``(cp0, cp1)`` pair tile, uneven blocks as they fall) after
+:func:`physicsnemo_foldcp.boltz.install`. The loss is
+``masked_mean(z.pow(2).mean(-1), pair_mask) + masked_mean(s.pow(2).mean(-1), mask)``; the
+dropout draws are seeded the same before every forward, so every step is the same step.
+
+Measured per launch and ``N`` (every figure the same on every rank):
+
+* **loss** of the first step beside the serial module's loss on the same inputs, weights
+  and dropout draws (computed on the domain source rank, forward only;
+  ``--no-serial-check`` skips it);
+* **bytes moved per layer per op**: the collectives of the first step, recorded by a
+  :class:`~benchmarks.bench_ops.CollectiveBytes` (``CommDebugMode`` with bytes: the larger
+  of each collective's input and output), each attributed to the Pairformer layer and the
+  op that issued it: ``tri_mul_out``, ``tri_mul_in``, ``tri_att_start``, ``tri_att_end``,
+  ``attention`` (the single track's pair-biased attention), ``transitions``
+  (``transition_z`` and ``transition_s``) and ``other`` (the rest of the layer: norms,
+  dropout, residuals); collectives outside the layers (the loss) are listed apart. Forward:
+  forward pre- and post-hooks of each layer's children switch the label. Backward
+  (:class:`OpScopes`): a pre-hook on the node that made a child's output (its backward
+  starts) and a hook on the gradient of its input (its backward is done) switch it,
+  following the autograd engine's order. Per op: bytes of the largest rank, averaged over
+  the layers;
+* **gathers the plugin reported** (:func:`physicsnemo_foldcp.ops.events.observe`, kind
+  ``fallback``: an op that could not stay on the local blocks), with their op names and the
+  layer op they came from; ideally none;
+* **time per layer**: median over ``--repeats`` steps of the largest wall time over the
+  ranks of the forward and of the backward, each between a barrier and a device
+  synchronisation (:func:`benchmarks.common.time_collective`), divided by the number of
+  layers (after the counting step and the memory step, both untimed);
+* **memory per rank**: *held* is the tensor bytes a rank keeps before the step (its blocks
+  of ``s``, ``z`` and the masks, and the parameters; no gradients: they are set to
+  ``None`` first; CUDA: ``torch.cuda.memory_allocated``), *step peak* the peak of tensor
+  bytes allocated during one forward + backward above that
+  (:class:`benchmarks.common.PeakMemory`), *peak* = held + step peak, the largest over the
+  ranks; **peak: this / 1x1** divides it by the 1x1 row's of the same ``N`` and sizes.
+  Targets at the largest ``N``: <= 0.30 on 2x2 and <= 0.15 on 3x3.
+
+Boltz's triangle multiplications and triangle attentions get distributed forwards of their
+own; until one is installed, such a module cannot run op by op (the plugin refuses the
+triangle attention's in-place ``q /= ...``, and the incoming triangle multiplication fails
+on a 2-D mesh), so by default it runs whole on every rank (:func:`whole_module_stand_ins`:
+inputs gathered, output tile kept), the naive baseline; ``--op-by-op`` turns that off.
+
+Each launch merges its rows into ``results/summary.json`` (section ``pairformer``, key
+mesh and N) and rewrites ``results/pairformer.md`` and ``results/pairformer.png`` from
+every mesh's rows there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from physicsnemo.domain_parallel import ShardTensor
+from torch import nn
+
+try:
+    from benchmarks import common
+    from benchmarks.bench_ops import CollectiveBytes, group_labels
+except ModuleNotFoundError:  # run as a script: the repository root is not on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import common
+    from benchmarks.bench_ops import CollectiveBytes, group_labels
+
+import physicsnemo_foldcp as fc
+import physicsnemo_foldcp.boltz as fc_boltz
+from physicsnemo_foldcp.distributed.mesh import FoldMesh
+from physicsnemo_foldcp.features.spec import FeatureSpec
+from physicsnemo_foldcp.ops import compat, events, masked_mean, wrap
+from physicsnemo_foldcp.ops.blockwise import (
+    GatherOver,
+    block_sizes,
+    replace_leaves,
+    tensor_leaves,
+)
+from physicsnemo_foldcp.ops.modules import (
+    MODULE_HANDLERS,
+    register_module_handler,
+    unregister_module_handler,
+)
+from physicsnemo_foldcp.ops.tensor import FoldTensor
+from physicsnemo_foldcp.testing.layouts import TokenLayout
+from physicsnemo_foldcp.training.loop import loss_value, set_precision
+
+BENCHMARK = "pairformer"
+"""Section of ``results/summary.json`` holding every mesh's rows."""
+
+CATEGORIES = (
+    "tri_mul_out",
+    "tri_mul_in",
+    "tri_att_start",
+    "tri_att_end",
+    "attention",
+    "transitions",
+    "other",
+)
+"""The ops of a Pairformer layer that collectives are attributed to."""
+
+CHILD_CATEGORY = {
+    "tri_mul_out": "tri_mul_out",
+    "tri_mul_in": "tri_mul_in",
+    "tri_att_start": "tri_att_start",
+    "tri_att_end": "tri_att_end",
+    "attention": "attention",
+    "transition_z": "transitions",
+    "transition_s": "transitions",
+}
+"""``PairformerLayer`` child name -> category (other children: ``other``)."""
+
+OUTSIDE = "outside"
+"""Label of collectives outside every layer (the loss reduction)."""
+
+TARGETS = {"2x2": 0.30, "3x3": 0.15}
+"""Largest ``peak: this / 1x1`` at the largest N, per mesh (the issue's targets)."""
+
+PAIR = ("tokens", "tokens", None)
+
+Scope = tuple[int | None, str]
+"""``(layer index or None, category or OUTSIDE)``."""
+
+
+@dataclass(frozen=True)
+class PairformerSizes:
+    """``PairformerModule`` arguments (defaults small enough for a CPU)."""
+
+    token_s: int = 64
+    token_z: int = 32
+    num_blocks: int = 2
+    num_heads: int = 4
+    pairwise_head_width: int = 16
+    pairwise_num_heads: int = 4
+    dropout: float = 0.25
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict (the ``PairformerModule`` keyword arguments)."""
+        return dataclasses.asdict(self)
+
+
+def build_module(sizes: PairformerSizes, seed: int, init_noise: float = 0.0) -> nn.Module:
+    """Boltz's ``PairformerModule`` with parameters drawn from ``seed``, in train mode.
+
+    Boltz's initialisers draw from torch's and from NumPy's global generators (SciPy's
+    ``truncnorm`` for the LeCun and He initialisations), so both are seeded: the same
+    weights on every rank and in the serial reference.
+    Boltz initialises the last projection of every sub-module (triangle updates, triangle
+    attentions, transitions, attention) to zero, so at its own initialisation the module
+    returns its inputs and a loss comparison checks only the residual path.
+    ``init_noise > 0`` adds ``init_noise * N(0, 1)`` (seeded) to every parameter, so
+    every sub-module contributes to the outputs.
+    """
+    from boltz.model.layers.pairformer import PairformerModule
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    module = PairformerModule(**sizes.to_dict())
+    if init_noise > 0:
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in module.parameters():
+                p.add_(init_noise * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module.train()
+
+
+def pair_inputs(
+    n_tokens: int, sizes: PairformerSizes, seed: int, padded: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Serial ``s [1, N, token_s]``, ``z [1, N, N, token_z]``, ``mask [1, N]``, ``pair_mask``.
+
+    The last ``padded`` tokens are masked out (at least one token stays).
+    """
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(1, n_tokens, sizes.token_s, generator=g)
+    z = torch.randn(1, n_tokens, n_tokens, sizes.token_z, generator=g)
+    mask = torch.ones(1, n_tokens)
+    padded = min(max(padded, 0), n_tokens - 1)
+    if padded:
+        mask[:, n_tokens - padded :] = 0
+    return s, z, mask, mask[:, :, None] * mask[:, None, :]
+
+
+def pair_loss(
+    s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor, pair_mask: torch.Tensor
+) -> torch.Tensor:
+    """Masked mean squares of the outputs: the scalar that the backward starts from."""
+    return masked_mean(z.pow(2).mean(-1), pair_mask) + masked_mean(s.pow(2).mean(-1), mask)
+
+
+def serial_loss(
+    module: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    dropout_seed: int,
+    device: torch.device,
+) -> float:
+    """The serial module's loss on the whole inputs (forward only, the same dropout draws)."""
+    s, z, mask, pair_mask = (t.to(device) for t in inputs)
+    torch.manual_seed(dropout_seed)
+    with torch.no_grad():
+        s_out, z_out = module(s, z, mask, pair_mask)
+        return float(pair_loss(s_out, z_out, mask, pair_mask))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+class OpScopes:
+    """Which Pairformer layer and op is running, in the forward and in the backward.
+
+    Forward: pre- and post-hooks on every ``PairformerLayer`` and its children set
+    :attr:`current`. Backward, following the autograd engine's order: a module's backward
+    starts when the node that made its output runs (a pre-hook on that node, registered in
+    the forward post-hook, sets the module's label) and ends when the gradient of its input
+    is complete (a hook on the input tensor, registered in the forward pre-hook, sets the
+    enclosing label back). Where one tensor is both a module's input and another's output,
+    both fire at once, and the node's pre-hook, which the engine runs after the tensor's
+    hooks, wins: the producer's backward comes next.
+
+    Parameters
+    ----------
+    module : nn.Module
+        A ``PairformerModule`` (its ``layers``).
+    """
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.current: Scope = (None, OUTSIDE)
+        self._handles: list[Any] = []
+
+    def _set(self, scope: Scope) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            self.current = scope
+
+        return hook
+
+    def _on_start(self, tensors: Sequence[torch.Tensor], scope: Scope) -> None:
+        for t in tensors:
+            if not t.requires_grad:
+                continue
+            node = t.grad_fn
+            if node is not None:
+                node.register_prehook(self._set(scope))
+            else:
+                t.register_hook(self._set(scope))
+
+    def _on_end(self, tensors: Sequence[torch.Tensor], scope: Scope) -> None:
+        for t in tensors:
+            if t.requires_grad:
+                t.register_hook(self._set(scope))
+
+    def _hooks(self, target: nn.Module, inside: Scope, outside: Scope) -> None:
+        def pre(_: nn.Module, args: tuple) -> None:
+            self.current = inside
+            self._on_end(_tensors(args), outside)
+
+        def post(_: nn.Module, args: tuple, output: Any) -> None:
+            self.current = outside
+            self._on_start(_tensors(output), inside)
+
+        self._handles.append(target.register_forward_pre_hook(pre))
+        self._handles.append(target.register_forward_hook(post))
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[OpScopes]:
+        """Hooks in place for the length of the ``with`` block."""
+        for i, layer in enumerate(self.module.layers):
+            self._hooks(layer, (i, "other"), (None, OUTSIDE))
+            for name, child in layer.named_children():
+                self._hooks(child, (i, CHILD_CATEGORY.get(name, "other")), (i, "other"))
+        self.current = (None, OUTSIDE)
+        try:
+            yield self
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            self.current = (None, OUTSIDE)
+
+
+class ScopedCollectiveBytes(CollectiveBytes):
+    """:class:`CollectiveBytes` that also records the scope each collective ran in.
+
+    Attributes
+    ----------
+    scopes : list[Scope]
+        ``(layer, category)`` of each entry of ``records``, in order.
+    """
+
+    def __init__(self, groups: Mapping[str, str], where: Callable[[], Scope]):
+        super().__init__(groups)
+        self.where = where
+        self.scopes: list[Scope] = []
+        # CommDebugMode's own module tracker puts a full backward pre-hook on every module,
+        # which passes each module's outputs through an autograd Function that returns
+        # them as they are; Boltz's in-place ``q /= ...`` on a view of such an output is
+        # then refused by autograd. Attribution here is OpScopes', so the tracker is
+        # entered and left once (its state is then what CommDebugMode's counting reads:
+        # every collective in the "Global" module) and CommDebugMode's own calls to enter
+        # and leave it do nothing.
+        tracker = self.advanced_module_tracker
+        type(tracker).__enter__(tracker)
+        type(tracker).__exit__(tracker)
+        tracker.__enter__ = lambda *args: tracker
+        tracker.__exit__ = lambda *args: None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = len(self.records)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.scopes.extend([self.where()] * (len(self.records) - before))
+        return out
+
+    def by_scope(self) -> dict[str, int]:
+        """``{"<layer>:<category>": bytes}``, ``"-:outside"`` for collectives outside layers."""
+        out: dict[str, int] = {}
+        for (layer, category), (_, _, size) in zip(self.scopes, self.records):
+            key = f"{'-' if layer is None else layer}:{category}"
+            out[key] = out.get(key, 0) + size
+        return out
+
+
+def rewrapper(
+    layout: TokenLayout, shape: Sequence[int], axes: Sequence[str | None]
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``leaf -> FoldTensor``: a local block of serial ``shape``, placed as ``layout.shard`` does.
+
+    ``TokenLayout.shard`` cuts and wraps in one go; a benchmark that runs several steps on
+    the same leaves wraps them again for every step.
+    """
+    spec = FeatureSpec("input", tuple(axes))
+    coordinate = layout.mesh.domain_coordinate
+    shapes = layout.plan.sharding_shapes(spec, tuple(shape[1:]), coordinate, batched=True)
+    placements = spec.batched_placements(True)
+    return lambda leaf: wrap(leaf, layout.mesh.domain_mesh, placements, shapes)
+
+
+# -- Boltz pair modules without a distributed forward ------------------------------------------
+
+PAIR_MODULES = (
+    ("boltz.model.layers.triangular_mult", "TriangleMultiplicationOutgoing"),
+    ("boltz.model.layers.triangular_mult", "TriangleMultiplicationIncoming"),
+    ("boltz.model.layers.triangular_attention.attention", "TriangleAttentionStartingNode"),
+    ("boltz.model.layers.triangular_attention.attention", "TriangleAttentionEndingNode"),
+)
+"""The Boltz pair modules that need a distributed forward (``module``, ``class``)."""
+
+CLASS_CATEGORY = {
+    "TriangleMultiplicationOutgoing": "tri_mul_out",
+    "TriangleMultiplicationIncoming": "tri_mul_in",
+    "TriangleAttentionStartingNode": "tri_att_start",
+    "TriangleAttentionEndingNode": "tri_att_end",
+}
+"""Class name -> category of :data:`CATEGORIES`."""
+
+
+def pair_module_classes() -> dict[str, type[nn.Module]]:
+    """Name -> class of :data:`PAIR_MODULES` (Boltz aliases the starting node's class)."""
+    import importlib
+
+    return {c: getattr(importlib.import_module(m), c) for m, c in PAIR_MODULES}
+
+
+def _gather_whole(x: FoldTensor) -> torch.Tensor:
+    """The whole tensor, plain, on every rank: ONE all-gather per sharded mesh dim.
+
+    Backward: ONE reduce-scatter per mesh dim (every rank's gradient of the whole input is
+    summed into the blocks).
+    """
+    mesh = x.device_mesh
+    local = x.to_local() if (torch.is_grad_enabled() and x.requires_grad) else _local(x)
+    for mesh_dim, placement in enumerate(x.placements):
+        if placement.is_shard():
+            sizes = block_sizes(x, mesh_dim)
+            local = GatherOver.apply(local, placement.dim, sizes, mesh, mesh_dim, True)
+        elif not placement.is_replicate():
+            raise ValueError(f"cannot gather a {placement} operand whole")
+    return local
+
+
+def _own_block(full: torch.Tensor, like: FoldTensor) -> FoldTensor:
+    """This rank's block of ``full``, laid out as ``like`` (no communication)."""
+    mesh = like.device_mesh
+    coordinate = mesh.get_coordinate()
+    local = full
+    for mesh_dim, placement in enumerate(like.placements):
+        if placement.is_shard():
+            sizes = block_sizes(like, mesh_dim)
+            k = coordinate[mesh_dim]
+            local = local.narrow(placement.dim, sum(sizes[:k]), sizes[k])
+    return wrap(local, mesh, like.placements, compat.sharding_shapes(like))
+
+
+def _whole_module_handler(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A module handler running ``original`` (the class's forward) on the whole inputs."""
+
+    def handler(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        leaves = [(path, t) for path, t in tensor_leaves(args, kwargs) if isinstance(t, FoldTensor)]
+        full = {path: _gather_whole(t) for path, t in leaves}
+        args, kwargs = replace_leaves(args, kwargs, full)
+        out = original(module, *args, **kwargs)
+        return _own_block(out, leaves[0][1])
+
+    return handler
+
+
+def _summed_over(mesh: Any) -> Callable[[torch.Tensor], None]:
+    """A post-accumulate-grad hook: the parameter's gradient summed over ``mesh``."""
+
+    def hook(p: torch.Tensor) -> None:
+        if p.grad is None:
+            return
+        grad = p.grad
+        for mesh_dim in range(mesh.ndim):
+            if mesh.size(mesh_dim) > 1:
+                grad = compat.all_reduce(grad, "sum", mesh, mesh_dim)
+        p.grad = grad
+
+    return hook
+
+
+@contextlib.contextmanager
+def whole_module_stand_ins(
+    module: nn.Module, mesh: FoldMesh, enabled: bool = True
+) -> Iterator[list[str]]:
+    """Run each Boltz pair module that has no distributed forward whole, on every rank.
+
+    For the classes of :data:`PAIR_MODULES` without a module handler (none is installed
+    by :func:`physicsnemo_foldcp.boltz.install`), a stand-in handler gathers the module's
+    FoldTensor inputs whole (ONE all-gather per sharded mesh dim; backward: ONE
+    reduce-scatter each), runs Boltz's own forward on the whole tensors, and keeps this
+    rank's block of the output. The row's ``stand_ins`` names these modules; their
+    gathers are the benchmark's, not among the plugin's reported ones, but their bytes are
+    counted with the op's. The gradients of those modules' parameters are summed over the
+    domain mesh (each rank back-propagates its own output block only). Without it, such a
+    module runs op by op through the plugin's dispatch, which refuses the in-place
+    ``q /= ...`` of Boltz's triangle attention and fails in the output gating of the
+    incoming triangle multiplication on a 2-D mesh. This is the naive baseline that a
+    distributed forward replaces: every rank holds the whole pair in those modules.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The model (the parameters of its modules of those classes get the gradient sum).
+    mesh : FoldMesh
+        The mesh (its domain mesh sums the gradients).
+    enabled : bool
+        ``False``: do nothing (the modules run op by op).
+
+    Yields
+    ------
+    list[str]
+        The classes given a stand-in (empty when every one has a distributed forward).
+    """
+    pairs = pair_module_classes().items() if enabled else ()
+    named = {name: cls for name, cls in pairs if cls not in MODULE_HANDLERS}
+    classes = list(named.values())
+    hooks = []
+    try:
+        for cls in classes:
+            register_module_handler(cls, _whole_module_handler(cls.forward))
+        summed = _summed_over(mesh.domain_mesh)
+        for sub in module.modules():
+            if type(sub) in classes:
+                for p in sub.parameters():
+                    if p.requires_grad:
+                        hooks.append(p.register_post_accumulate_grad_hook(summed))
+        yield list(named)
+    finally:
+        for h in hooks:
+            h.remove()
+        for cls in classes:
+            unregister_module_handler(cls)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return compat.local_tensor(t) if isinstance(t, ShardTensor) else t
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+
+
+def _per_layer(
+    ranks: Sequence[Mapping[str, Any]], key: str, num_blocks: int
+) -> tuple[dict[str, float], float, dict[str, dict[str, int]]]:
+    """Per category KiB per layer (max over ranks, mean over layers), outside KiB, by layer."""
+    largest: dict[str, int] = {}
+    for r in ranks:
+        for scope, size in r[key].items():
+            largest[scope] = max(largest.get(scope, 0), size)
+    by_layer: dict[str, dict[str, int]] = {}
+    for scope, size in largest.items():
+        layer, category = scope.split(":")
+        by_layer.setdefault(layer, {})[category] = size
+    per_op = {
+        c: sum(by_layer.get(str(i), {}).get(c, 0) for i in range(num_blocks))
+        / max(num_blocks, 1)
+        / 1024
+        for c in CATEGORIES
+    }
+    outside = by_layer.get("-", {}).get(OUTSIDE, 0) / 1024
+    return per_op, outside, by_layer
+
+
+def describe_fallbacks(fallbacks: Sequence[Mapping[str, Any]]) -> str:
+    """``"Tensor.softmax in tri_att_start over cp1 x4, ..."``, or ``"none"``."""
+    if not fallbacks:
+        return "none"
+    return ", ".join(
+        f"{f['op']} in {f['where']} over {f['mesh_dims']} x{f['count']}" for f in fallbacks
+    )
+
+
+def run_pairformer_benchmark(
+    mesh: FoldMesh,
+    n_tokens: int,
+    *,
+    sizes: PairformerSizes | None = None,
+    repeats: int = 3,
+    seed: int = 0,
+    padded: int = 3,
+    serial_check: bool = True,
+    memory: bool = True,
+    stand_ins: bool = True,
+    init_noise: float = 0.1,
+) -> dict[str, Any]:
+    """Measure Boltz's ``PairformerModule`` forward + backward at one size (every rank).
+
+    Parameters
+    ----------
+    mesh : FoldMesh
+        The mesh (``ddp == 1``).
+    n_tokens : int
+        Token count N.
+    sizes : PairformerSizes, optional
+        Module sizes (:class:`PairformerSizes` defaults otherwise).
+    repeats : int
+        Timed steps (forward and backward each timed).
+    seed : int
+        Seed of the parameters and inputs; ``seed + 1`` seeds the dropout draws.
+    padded : int
+        Masked tokens at the end of the sequence.
+    serial_check : bool
+        Compute the serial module's loss on the domain source rank.
+    memory : bool
+        Run the memory step (profiled on CPU).
+    stand_ins : bool
+        Run the Boltz pair modules that have no distributed forward whole
+        (:func:`whole_module_stand_ins`); ``False`` runs them op by op.
+    init_noise : float
+        Noise added to Boltz's initial parameters (:func:`build_module`); 0 keeps Boltz's
+        initialisation, whose zero last projections make the loss comparison vacuous.
+
+    Returns
+    -------
+    dict
+        One row, the same on every rank: ``mesh``, ``N``, ``stand_ins`` (the classes run
+        whole), ``loss``, ``serial_loss``,
+        ``loss_diff``; ``fwd_KiB_<op>`` / ``bwd_KiB_<op>`` per category of
+        :data:`CATEGORIES` (per layer), ``fwd_KiB_layer`` / ``bwd_KiB_layer`` (their sums),
+        ``fwd_KiB_outside`` / ``bwd_KiB_outside``, ``bytes_by_layer``; ``fallbacks`` (the
+        reported gathers) and ``fallback_gathers`` (their count); ``fwd_ms_layer`` /
+        ``bwd_ms_layer`` (median) and the timed runs; ``held_MiB`` / ``step_peak_MiB`` /
+        ``peak_MiB`` (max over ranks), ``peak_MiB_mean``; ``ranks`` (per-rank figures).
+    """
+    fc_boltz.install()
+    sizes = sizes or PairformerSizes()
+    cp0, cp1 = mesh.cp
+    set_precision("fp32")
+    dropout_seed = seed + 1
+    module = build_module(sizes, seed, init_noise)
+    weights = float(sum(p.double().sum() + p.double().pow(2).sum() for p in module.parameters()))
+    serial = copy.deepcopy(module) if (serial_check and mesh.is_domain_source) else None
+    module = module.to(mesh.device)
+    inputs = pair_inputs(n_tokens, sizes, seed, padded)
+    reference = None
+    if serial is not None:
+        reference = serial_loss(serial.to(mesh.device), inputs, dropout_seed, mesh.device)
+        del serial
+
+    layout = TokenLayout(mesh, n_tokens)
+    s, z, mask, pair_mask = inputs
+    s_leaf = layout.local(s, ("tokens", None)).requires_grad_(True)
+    z_leaf = layout.local(z, PAIR).requires_grad_(True)
+    m_st, _ = layout.shard(mask, ("tokens",))
+    p_st, _ = layout.shard(pair_mask, ("tokens", "tokens"))
+    del inputs, s, z, mask, pair_mask
+
+    def fresh() -> None:
+        module.zero_grad(set_to_none=True)
+        s_leaf.grad = z_leaf.grad = None
+
+    wrap_s = rewrapper(layout, (1, n_tokens, sizes.token_s), ("tokens", None))
+    wrap_z = rewrapper(layout, (1, n_tokens, n_tokens, sizes.token_z), PAIR)
+
+    def forward() -> torch.Tensor:
+        # The leaves are wrapped again each step: the wrap is a node of the step's graph.
+        torch.manual_seed(dropout_seed)
+        s_out, z_out = module(wrap_s(s_leaf), wrap_z(z_leaf), m_st, p_st)
+        return pair_loss(s_out, z_out, m_st, p_st)
+
+    with whole_module_stand_ins(module, mesh, stand_ins) as standing_in:
+        # Counting step: collectives by scope, reported gathers, the loss.
+        scopes = OpScopes(module)
+        groups = group_labels(mesh)
+        found: dict[tuple[str, str, str, str], int] = {}
+
+        def on_gather(event: events.GatherEvent) -> None:
+            if event.kind != events.FALLBACK:
+                return
+            layer, category = scopes.current
+            where = category if layer is None else f"layer {layer} {category}"
+            dims = "+".join(f"cp{d}" for d in event.mesh_dims) or "-"
+            key = (event.op, where, dims, phase[0])
+            found[key] = found.get(key, 0) + 1
+
+        phase = ["forward"]
+        fresh()
+        with scopes.attached(), events.observe(on_gather):
+            try:
+                with ScopedCollectiveBytes(groups, lambda: scopes.current) as fwd:
+                    loss = forward()
+                scopes.current = (None, OUTSIDE)
+                phase[0] = "backward"
+                with ScopedCollectiveBytes(groups, lambda: scopes.current) as bwd:
+                    loss.backward()
+            except Exception as exc:
+                layer, category = scopes.current
+                where = category if layer is None else f"layer {layer} {category}"
+                raise RuntimeError(
+                    f"PairformerModule on {cp0}x{cp1}, N = {n_tokens}: the {phase[0]} failed in "
+                    f"{where} (rank {mesh.rank}): {type(exc).__name__}: {exc}"
+                ) from exc
+        loss_cp = loss_value(loss.detach())
+        del loss
+
+        held = step_peak = None
+        if memory:
+            fresh()
+            if mesh.device.type == "cuda":
+                common.synchronize(mesh.device)
+                held = int(torch.cuda.memory_allocated(mesh.device))
+            else:
+                held = _nbytes([s_leaf, z_leaf, m_st, p_st, *module.parameters()])
+            with common.PeakMemory(mesh.device) as peak:
+                forward().backward()
+            step_peak = peak.peak
+
+        fwd_times, bwd_times = [], []
+        for _ in range(repeats):
+            fresh()
+            timed = common.time_collective(forward, mesh.device)
+            fwd_times.append(timed.wall)
+            loss = timed.result
+            bwd_times.append(common.time_collective(loss.backward, mesh.device).wall)
+            del loss, timed
+
+    mine = {
+        "rank": mesh.rank,
+        "coord": mesh.domain_coordinate,
+        "held": held,
+        "step_peak": step_peak,
+        "peak": held + step_peak if memory else None,
+        "fwd": fwd.by_scope(),
+        "bwd": bwd.by_scope(),
+        "fwd_total": fwd.total_bytes(),
+        "bwd_total": bwd.total_bytes(),
+        "fallbacks": found,
+        "serial_loss": reference,
+        "loss": loss_cp,
+        "weights": weights,
+    }
+    ranks = common.gather_rows(mine)
+    reference = next((r["serial_loss"] for r in ranks if r["serial_loss"] is not None), None)
+    mib = 2**20
+    blocks = sizes.num_blocks
+
+    def largest(key: str) -> float | None:
+        values = [r[key] for r in ranks if r[key] is not None]
+        return max(values) / mib if values else None
+
+    counts: dict[tuple[str, str, str, str], int] = {}
+    for r in ranks:
+        for key, n in r["fallbacks"].items():
+            counts[key] = max(counts.get(key, 0), n)
+    fallbacks = [
+        {"op": op, "where": where, "mesh_dims": dims, "phase": ph, "count": n}
+        for (op, where, dims, ph), n in sorted(counts.items())
+    ]
+    row: dict[str, Any] = {
+        "mesh": f"{cp0}x{cp1}",
+        "ranks_n": cp0 * cp1,
+        "N": n_tokens,
+        "padded": min(max(padded, 0), n_tokens - 1),
+        "model": json.dumps(dict(sizes.to_dict(), init_noise=init_noise), sort_keys=True),
+        "device": mesh.device.type,
+        "memory_source": common.PeakMemory(mesh.device).source,
+        "handlers": fc_boltz.install(),
+        "stand_ins": standing_in,
+        "stand_ins_text": ", ".join(CLASS_CATEGORY.get(c, c) for c in standing_in) or "none",
+        "loss": loss_cp,
+        "serial_loss": reference,
+        "loss_diff": abs(loss_cp - reference) if reference is not None else None,
+        "loss_diff_text": f"{abs(loss_cp - reference):.1e}" if reference is not None else None,
+        "losses_agree": len({r["loss"] for r in ranks}) == 1,
+        "weights_agree": len({r["weights"] for r in ranks}) == 1,
+        "fallbacks": fallbacks,
+        "fallback_gathers": sum(f["count"] for f in fallbacks),
+        "fallbacks_text": describe_fallbacks(fallbacks),
+        "fwd_ms_layer": 1e3 * common.median(fwd_times) / blocks if fwd_times else None,
+        "bwd_ms_layer": 1e3 * common.median(bwd_times) / blocks if bwd_times else None,
+        "fwd_times": fwd_times,
+        "bwd_times": bwd_times,
+        "held_MiB": largest("held"),
+        "step_peak_MiB": largest("step_peak"),
+        "peak_MiB": largest("peak"),
+        "peak_MiB_mean": (sum(r["peak"] for r in ranks) / len(ranks) / mib if memory else None),
+        "ranks": ranks,
+    }
+    row["step_ms_layer"] = row["fwd_ms_layer"] + row["bwd_ms_layer"] if fwd_times else None
+    by_layer = {}
+    for ph in ("fwd", "bwd"):
+        per_op, outside, by_layer[ph] = _per_layer(ranks, ph, blocks)
+        for c, kib in per_op.items():
+            row[f"{ph}_KiB_{c}"] = kib
+        row[f"{ph}_KiB_layer"] = sum(per_op.values())
+        row[f"{ph}_KiB_outside"] = outside
+        row[f"{ph}_KiB_total"] = max(r[f"{ph}_total"] for r in ranks) / 1024
+    row["bytes_by_layer"] = by_layer
+    return row
+
+
+# -- the shared tables --------------------------------------------------------------------------
+
+COLUMNS = [
+    ("mesh", "mesh"),
+    ("N", "N"),
+    ("held_MiB", "held MiB / rank"),
+    ("step_peak_MiB", "step peak MiB / rank"),
+    ("peak_MiB", "peak MiB / rank (max)"),
+    ("peak_this_over_1x1", "peak: this / 1x1"),
+    ("target_text", "target"),
+    ("target_met", "met"),
+    ("fwd_ms_layer", "fwd ms / layer"),
+    ("bwd_ms_layer", "bwd ms / layer"),
+    ("fwd_KiB_layer", "fwd KiB moved / layer"),
+    ("bwd_KiB_layer", "bwd KiB moved / layer"),
+    ("fallback_gathers", "fallback gathers"),
+    ("stand_ins_text", "run whole (no distributed forward)"),
+    ("loss_diff_text", "abs(loss - serial)"),
+]
+SUMMARY_KEY = ("mesh", "N")
+_STORED = (
+    [k for k, _ in COLUMNS]
+    + [
+        "ranks_n",
+        "padded",
+        "model",
+        "device",
+        "memory_source",
+        "handlers",
+        "stand_ins",
+        "loss",
+        "serial_loss",
+        "loss_diff",
+        "losses_agree",
+        "weights_agree",
+        "fallbacks",
+        "fallbacks_text",
+        "fwd_times",
+        "bwd_times",
+        "step_ms_layer",
+        "peak_MiB_mean",
+        "bytes_by_layer",
+    ]
+    + [f"{ph}_KiB_{c}" for ph in ("fwd", "bwd") for c in (*CATEGORIES, "outside", "total")]
+)
+
+
+def with_ratios(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with ``peak: this / 1x1`` (the 1x1 row of the same N, sizes and device) and the
+    target verdict (2x2 and 3x3 rows; the one that counts is at the largest N)."""
+    base = {(r["N"], r.get("model"), r.get("device")): r for r in rows if r["mesh"] == "1x1"}
+    out = []
+    for r in rows:
+        r = dict(r)
+        ref = base.get((r["N"], r.get("model"), r.get("device")))
+        ok = ref is not None and ref.get("peak_MiB") and r.get("peak_MiB")
+        r["peak_this_over_1x1"] = r["peak_MiB"] / ref["peak_MiB"] if ok else None
+        target = TARGETS.get(r["mesh"])
+        r["target"] = target
+        r["target_text"] = f"<= {target:.2f}" if target is not None else None
+        r["target_met"] = (
+            r["peak_this_over_1x1"] <= target
+            if target is not None and r["peak_this_over_1x1"] is not None
+            else None
+        )
+        out.append(r)
+    return sorted(out, key=lambda r: (r.get("ranks_n", 0), r["mesh"], r["N"]))
+
+
+def evaluate_targets(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per mesh with a target: its largest N with a 1x1 row, the ratio and the verdict."""
+    out = []
+    for mesh, target in TARGETS.items():
+        measured = [r for r in rows if r["mesh"] == mesh and r.get("peak_this_over_1x1")]
+        if not measured:
+            out.append({"mesh": mesh, "target": target, "N": None, "ratio": None, "met": None})
+            continue
+        top = max(measured, key=lambda r: r["N"])
+        ratio = top["peak_this_over_1x1"]
+        out.append(
+            {"mesh": mesh, "target": target, "N": top["N"], "ratio": ratio, "met": ratio <= target}
+        )
+    return out
+
+
+def op_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (mesh, N, phase): KiB moved per layer by op."""
+    out = []
+    for r in rows:
+        for ph, name in (("fwd", "forward"), ("bwd", "backward")):
+            item = {"mesh": r["mesh"], "N": r["N"], "phase": name}
+            for c in (*CATEGORIES, "outside"):
+                item[c] = r.get(f"{ph}_KiB_{c}")
+            item["layer"] = r.get(f"{ph}_KiB_layer")
+            out.append(item)
+    return out
+
+
+OP_COLUMNS = [
+    ("mesh", "mesh"),
+    ("N", "N"),
+    ("phase", "phase"),
+    *[(c, c) for c in CATEGORIES],
+    ("layer", "layer total"),
+    ("outside", "outside layers (loss), per step"),
+]
+
+
+def stored_rows(results: Path) -> list[dict[str, Any]]:
+    """The ``pairformer`` rows already in ``results/summary.json``."""
+    path = results / "summary.json"
+    if not path.exists():
+        return []
+    store = json.loads(path.read_text())
+    return [dict(r) for r in store.get(BENCHMARK, {}).get("rows", [])]
+
+
+def draw(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Peak memory per rank, its ratio to 1x1 (with the targets) and time per layer vs N."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+    meshes = sorted({(r.get("ranks_n", 0), r["mesh"]) for r in rows})
+    panels = (
+        (axes[0], "peak_MiB", "peak tensor MiB per rank (held + step peak, max over ranks)"),
+        (axes[1], "peak_this_over_1x1", "peak per rank: this mesh / 1x1"),
+        (axes[2], "step_ms_layer", "fwd + bwd ms per layer (median, max over ranks)"),
+    )
+    colors: dict[str, Any] = {}
+    for ax, key, label in panels:
+        for _, mesh in meshes:
+            pts = sorted((r["N"], r[key]) for r in rows if r["mesh"] == mesh and r.get(key))
+            if pts:
+                (line,) = ax.plot(*zip(*pts), marker="o", label=mesh, color=colors.get(mesh))
+                colors[mesh] = line.get_color()
+        ax.set_xlabel("tokens N")
+        ax.set_ylabel(label, fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+    for mesh, target in TARGETS.items():
+        axes[1].axhline(
+            target, linestyle="--", color=colors.get(mesh, "gray"), label=f"{mesh} target"
+        )
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(title="mesh", fontsize=8)
+    fig.suptitle("Boltz PairformerModule, forward + backward, per mesh")
+    return common.save_figure(fig, path, dpi=100)
+
+
+def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path) -> list[Path]:
+    """Merge this launch's rows with the stored ones; rewrite the tables, plot and summary."""
+    fresh = {(r["mesh"], r["N"]) for r in rows}
+    kept = [r for r in stored_rows(results) if (r["mesh"], r["N"]) not in fresh]
+    new = [{k: r.get(k) for k in _STORED} for r in rows]
+    for r in new:
+        r["command"] = command
+    merged = with_ratios(kept + new)
+    summary = common.merge_summary(BENCHMARK, merged, SUMMARY_KEY, COLUMNS, results)
+    commands = "\n".join(
+        f"- {m}: `{c}`" for m, c in sorted({(r["mesh"], r.get("command") or "?") for r in merged})
+    )
+    sources = sorted({f"{r.get('device')}: {r.get('memory_source')}" for r in merged})
+    handlers = sorted({h for r in merged for h in r.get("handlers") or []})
+    environment = (
+        f"launches (one per mesh):\n\n{commands}\n\n"
+        f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} CPU cores; load "
+        f"average at the end of the last launch {common.load_average()}\n\n"
+        f"step peak memory from: {'; '.join(sources)}\n\n"
+        "every rank built the same weights and found the same loss: "
+        + common.fmt(all(r.get("weights_agree") and r.get("losses_agree") for r in merged))
+        + "\n\n"
+        f"PairformerModule: `{merged[0].get('model') if merged else '-'}`, "
+        f"{merged[0].get('padded') if merged else '-'} padded tokens, train mode\n\n"
+        f"Boltz modules with a distributed forward: "
+        + (", ".join(f"`{h}`" for h in handlers) or "none")
+    )
+    targets = "\n".join(
+        f"- {t['mesh']}: peak per rank / 1x1 <= {t['target']:.2f} at the largest N: "
+        + (
+            f"N = {t['N']}, {t['ratio']:.3f}, {'met' if t['met'] else 'NOT met'}"
+            if t["N"] is not None
+            else "not measured (no row with a 1x1 row of the same N)"
+        )
+        for t in evaluate_targets(merged)
+    )
+    fallbacks = "\n".join(
+        f"- {r['mesh']} N={r['N']}: "
+        + (
+            "; ".join(
+                f"{f['phase']} `{f['op']}` in {f['where']} over {f['mesh_dims']} x{f['count']}"
+                for f in r.get("fallbacks") or []
+            )
+            or "none"
+        )
+        for r in merged
+    )
+    timings = "\n".join(
+        f"- {r['mesh']} N={r['N']}: forward "
+        + ", ".join(f"{1e3 * t:.1f}" for t in r.get("fwd_times") or [])
+        + "; backward "
+        + ", ".join(f"{1e3 * t:.1f}" for t in r.get("bwd_times") or [])
+        for r in merged
+    )
+    md = common.write_markdown(
+        results / f"{BENCHMARK}.md",
+        "Pairformer benchmark: Boltz PairformerModule, per mesh",
+        [
+            ("Runs", environment),
+            ("Memory, time and bytes per rank", common.markdown_table(COLUMNS, merged)),
+            ("Targets", targets),
+            (
+                "KiB moved per layer by op (largest rank, mean over layers)",
+                common.markdown_table(OP_COLUMNS, op_rows(merged)),
+            ),
+            ("Gathers the plugin reported (fallback)", fallbacks),
+            ("Every timed run (ms for all layers, max over ranks)", timings),
+        ],
+    )
+    png = draw(merged, results / f"{BENCHMARK}.png")
+    return [md, png, summary]
+
+
+def _square(world: int) -> tuple[int, int]:
+    side = math.isqrt(world)
+    if side * side != world:
+        raise SystemExit(f"world size {world} is not a square: pass --cp CP0 CP1")
+    return side, side
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
+    defaults = PairformerSizes()
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cp", type=int, nargs=2, default=None, metavar=("CP0", "CP1"))
+    p.add_argument("--tokens", type=int, nargs="+", default=[128, 256, 384])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--padded", type=int, default=3, help="masked tokens at the end")
+    p.add_argument("--token-s", type=int, default=defaults.token_s)
+    p.add_argument("--token-z", type=int, default=defaults.token_z)
+    p.add_argument("--num-blocks", type=int, default=defaults.num_blocks)
+    p.add_argument("--num-heads", type=int, default=defaults.num_heads)
+    p.add_argument("--pairwise-head-width", type=int, default=defaults.pairwise_head_width)
+    p.add_argument("--pairwise-num-heads", type=int, default=defaults.pairwise_num_heads)
+    p.add_argument("--dropout", type=float, default=defaults.dropout)
+    p.add_argument(
+        "--init-noise",
+        type=float,
+        default=0.1,
+        help="noise added to Boltz's initial parameters (0: Boltz's own, zero last projections)",
+    )
+    p.add_argument("--no-serial-check", action="store_true", help="skip the serial loss")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory step")
+    p.add_argument(
+        "--op-by-op",
+        action="store_true",
+        help="run Boltz pair modules without a distributed forward op by op, not whole",
+    )
+    p.add_argument("--results", type=Path, default=common.RESULTS)
+    p.add_argument("--timeout", type=float, default=900.0, help="collective timeout, s")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run every ``--tokens`` size on the launched mesh; rank 0 writes the results."""
+    args = build_parser().parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cp = tuple(args.cp) if args.cp else _square(world)
+    sizes = PairformerSizes(
+        token_s=args.token_s,
+        token_z=args.token_z,
+        num_blocks=args.num_blocks,
+        num_heads=args.num_heads,
+        pairwise_head_width=args.pairwise_head_width,
+        pairwise_num_heads=args.pairwise_num_heads,
+        dropout=args.dropout,
+    )
+    mesh = fc.init_mesh(ddp=1, cp=cp, timeout_s=args.timeout)
+    command = "torchrun --standalone --nproc-per-node {} benchmarks/bench_pairformer.py {}".format(
+        mesh.world_size, " ".join(sys.argv[1:] if argv is None else argv)
+    )
+    rows = []
+    try:
+        for n in args.tokens:
+            row = run_pairformer_benchmark(
+                mesh,
+                n,
+                sizes=sizes,
+                repeats=args.repeats,
+                seed=args.seed,
+                padded=args.padded,
+                serial_check=not args.no_serial_check,
+                memory=not args.no_memory,
+                stand_ins=not args.op_by_op,
+                init_noise=args.init_noise,
+            )
+            rows.append(row)
+            if mesh.rank == 0:
+                print(
+                    f"{row['mesh']} N={row['N']} peak {row['peak_MiB'] or 0:.1f} MiB/rank "
+                    f"(held {row['held_MiB'] or 0:.1f}, step {row['step_peak_MiB'] or 0:.1f}) "
+                    f"fwd {row['fwd_ms_layer'] or 0:.1f} ms/layer "
+                    f"bwd {row['bwd_ms_layer'] or 0:.1f} ms/layer "
+                    f"moved fwd {row['fwd_KiB_layer']:.1f} KiB/layer "
+                    f"bwd {row['bwd_KiB_layer']:.1f} KiB/layer "
+                    f"fallback gathers {row['fallback_gathers']} "
+                    f"loss {row['loss']:.6f} serial {row['serial_loss']}",
+                    flush=True,
+                )
+            if mesh.rank == 0:  # after every N, so a later failure keeps the earlier rows
+                for path in write_results(rows, command, args.results):
+                    print(f"wrote {path}")
+    finally:
+        with contextlib.suppress(Exception):
+            fc.shutdown()
+    return 0
+
+
+__all__ = [
+    "CATEGORIES",
+    "COLUMNS",
+    "OpScopes",
+    "PairformerSizes",
+    "ScopedCollectiveBytes",
+    "build_module",
+    "evaluate_targets",
+    "pair_inputs",
+    "pair_loss",
+    "run_pairformer_benchmark",
+    "serial_loss",
+    "whole_module_stand_ins",
+    "with_ratios",
+    "write_results",
+]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
