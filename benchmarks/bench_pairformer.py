@@ -52,11 +52,9 @@ Measured per launch and ``N`` (every figure the same on every rank):
   ranks; **peak: this / 1x1** divides it by the 1x1 row's of the same ``N`` and sizes.
   Targets at the largest ``N``: <= 0.30 on 2x2 and <= 0.15 on 3x3.
 
-Boltz's triangle multiplications and triangle attentions get distributed forwards of their
-own; until one is installed, such a module cannot run op by op (the plugin refuses the
-triangle attention's in-place ``q /= ...``, and the incoming triangle multiplication fails
-on a 2-D mesh), so by default it runs whole on every rank (:func:`whole_module_stand_ins`:
-inputs gathered, output tile kept), the naive baseline; ``--op-by-op`` turns that off.
+Boltz's triangle multiplications, triangle attentions and attention run the distributed
+forwards :func:`physicsnemo_foldcp.boltz.install` registers; everything else runs op by op
+on local blocks.
 
 Each launch merges its rows into ``results/summary.json`` (section ``pairformer``, key
 mesh and N) and rewrites ``results/pairformer.md`` and ``results/pairformer.png`` from
@@ -97,18 +95,6 @@ import physicsnemo_foldcp.boltz as fc_boltz
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.spec import FeatureSpec
 from physicsnemo_foldcp.ops import compat, events, masked_mean, wrap
-from physicsnemo_foldcp.ops.blockwise import (
-    GatherOver,
-    block_sizes,
-    replace_leaves,
-    tensor_leaves,
-)
-from physicsnemo_foldcp.ops.modules import (
-    MODULE_HANDLERS,
-    register_module_handler,
-    unregister_module_handler,
-)
-from physicsnemo_foldcp.ops.tensor import FoldTensor
 from physicsnemo_foldcp.testing.layouts import TokenLayout
 from physicsnemo_foldcp.training.loop import loss_value, set_precision
 
@@ -368,144 +354,6 @@ def rewrapper(
     return lambda leaf: wrap(leaf, layout.mesh.domain_mesh, placements, shapes)
 
 
-# -- Boltz pair modules without a distributed forward ------------------------------------------
-
-PAIR_MODULES = (
-    ("boltz.model.layers.triangular_mult", "TriangleMultiplicationOutgoing"),
-    ("boltz.model.layers.triangular_mult", "TriangleMultiplicationIncoming"),
-    ("boltz.model.layers.triangular_attention.attention", "TriangleAttentionStartingNode"),
-    ("boltz.model.layers.triangular_attention.attention", "TriangleAttentionEndingNode"),
-)
-"""The Boltz pair modules that need a distributed forward (``module``, ``class``)."""
-
-CLASS_CATEGORY = {
-    "TriangleMultiplicationOutgoing": "tri_mul_out",
-    "TriangleMultiplicationIncoming": "tri_mul_in",
-    "TriangleAttentionStartingNode": "tri_att_start",
-    "TriangleAttentionEndingNode": "tri_att_end",
-}
-"""Class name -> category of :data:`CATEGORIES`."""
-
-
-def pair_module_classes() -> dict[str, type[nn.Module]]:
-    """Name -> class of :data:`PAIR_MODULES` (Boltz aliases the starting node's class)."""
-    import importlib
-
-    return {c: getattr(importlib.import_module(m), c) for m, c in PAIR_MODULES}
-
-
-def _gather_whole(x: FoldTensor) -> torch.Tensor:
-    """The whole tensor, plain, on every rank: ONE all-gather per sharded mesh dim.
-
-    Backward: ONE reduce-scatter per mesh dim (every rank's gradient of the whole input is
-    summed into the blocks).
-    """
-    mesh = x.device_mesh
-    local = x.to_local() if (torch.is_grad_enabled() and x.requires_grad) else _local(x)
-    for mesh_dim, placement in enumerate(x.placements):
-        if placement.is_shard():
-            sizes = block_sizes(x, mesh_dim)
-            local = GatherOver.apply(local, placement.dim, sizes, mesh, mesh_dim, True)
-        elif not placement.is_replicate():
-            raise ValueError(f"cannot gather a {placement} operand whole")
-    return local
-
-
-def _own_block(full: torch.Tensor, like: FoldTensor) -> FoldTensor:
-    """This rank's block of ``full``, laid out as ``like`` (no communication)."""
-    mesh = like.device_mesh
-    coordinate = mesh.get_coordinate()
-    local = full
-    for mesh_dim, placement in enumerate(like.placements):
-        if placement.is_shard():
-            sizes = block_sizes(like, mesh_dim)
-            k = coordinate[mesh_dim]
-            local = local.narrow(placement.dim, sum(sizes[:k]), sizes[k])
-    return wrap(local, mesh, like.placements, compat.sharding_shapes(like))
-
-
-def _whole_module_handler(original: Callable[..., Any]) -> Callable[..., Any]:
-    """A module handler running ``original`` (the class's forward) on the whole inputs."""
-
-    def handler(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        leaves = [(path, t) for path, t in tensor_leaves(args, kwargs) if isinstance(t, FoldTensor)]
-        full = {path: _gather_whole(t) for path, t in leaves}
-        args, kwargs = replace_leaves(args, kwargs, full)
-        out = original(module, *args, **kwargs)
-        return _own_block(out, leaves[0][1])
-
-    return handler
-
-
-def _summed_over(mesh: Any) -> Callable[[torch.Tensor], None]:
-    """A post-accumulate-grad hook: the parameter's gradient summed over ``mesh``."""
-
-    def hook(p: torch.Tensor) -> None:
-        if p.grad is None:
-            return
-        grad = p.grad
-        for mesh_dim in range(mesh.ndim):
-            if mesh.size(mesh_dim) > 1:
-                grad = compat.all_reduce(grad, "sum", mesh, mesh_dim)
-        p.grad = grad
-
-    return hook
-
-
-@contextlib.contextmanager
-def whole_module_stand_ins(
-    module: nn.Module, mesh: FoldMesh, enabled: bool = True
-) -> Iterator[list[str]]:
-    """Run each Boltz pair module that has no distributed forward whole, on every rank.
-
-    For the classes of :data:`PAIR_MODULES` without a module handler (none is installed
-    by :func:`physicsnemo_foldcp.boltz.install`), a stand-in handler gathers the module's
-    FoldTensor inputs whole (ONE all-gather per sharded mesh dim; backward: ONE
-    reduce-scatter each), runs Boltz's own forward on the whole tensors, and keeps this
-    rank's block of the output. The row's ``stand_ins`` names these modules; their
-    gathers are the benchmark's, not among the plugin's reported ones, but their bytes are
-    counted with the op's. The gradients of those modules' parameters are summed over the
-    domain mesh (each rank back-propagates its own output block only). Without it, such a
-    module runs op by op through the plugin's dispatch, which refuses the in-place
-    ``q /= ...`` of Boltz's triangle attention and fails in the output gating of the
-    incoming triangle multiplication on a 2-D mesh. This is the naive baseline that a
-    distributed forward replaces: every rank holds the whole pair in those modules.
-
-    Parameters
-    ----------
-    module : nn.Module
-        The model (the parameters of its modules of those classes get the gradient sum).
-    mesh : FoldMesh
-        The mesh (its domain mesh sums the gradients).
-    enabled : bool
-        ``False``: do nothing (the modules run op by op).
-
-    Yields
-    ------
-    list[str]
-        The classes given a stand-in (empty when every one has a distributed forward).
-    """
-    pairs = pair_module_classes().items() if enabled else ()
-    named = {name: cls for name, cls in pairs if cls not in MODULE_HANDLERS}
-    classes = list(named.values())
-    hooks = []
-    try:
-        for cls in classes:
-            register_module_handler(cls, _whole_module_handler(cls.forward))
-        summed = _summed_over(mesh.domain_mesh)
-        for sub in module.modules():
-            if type(sub) in classes:
-                for p in sub.parameters():
-                    if p.requires_grad:
-                        hooks.append(p.register_post_accumulate_grad_hook(summed))
-        yield list(named)
-    finally:
-        for h in hooks:
-            h.remove()
-        for cls in classes:
-            unregister_module_handler(cls)
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     return compat.local_tensor(t) if isinstance(t, ShardTensor) else t
 
@@ -555,7 +403,6 @@ def run_pairformer_benchmark(
     padded: int = 3,
     serial_check: bool = True,
     memory: bool = True,
-    stand_ins: bool = True,
     init_noise: float = 0.1,
 ) -> dict[str, Any]:
     """Measure Boltz's ``PairformerModule`` forward + backward at one size (every rank).
@@ -578,9 +425,6 @@ def run_pairformer_benchmark(
         Compute the serial module's loss on the domain source rank.
     memory : bool
         Run the memory step (profiled on CPU).
-    stand_ins : bool
-        Run the Boltz pair modules that have no distributed forward whole
-        (:func:`whole_module_stand_ins`); ``False`` runs them op by op.
     init_noise : float
         Noise added to Boltz's initial parameters (:func:`build_module`); 0 keeps Boltz's
         initialisation, whose zero last projections make the loss comparison vacuous.
@@ -588,8 +432,7 @@ def run_pairformer_benchmark(
     Returns
     -------
     dict
-        One row, the same on every rank: ``mesh``, ``N``, ``stand_ins`` (the classes run
-        whole), ``loss``, ``serial_loss``,
+        One row, the same on every rank: ``mesh``, ``N``, ``loss``, ``serial_loss``,
         ``loss_diff``; ``fwd_KiB_<op>`` / ``bwd_KiB_<op>`` per category of
         :data:`CATEGORIES` (per layer), ``fwd_KiB_layer`` / ``bwd_KiB_layer`` (their sums),
         ``fwd_KiB_outside`` / ``bwd_KiB_outside``, ``bytes_by_layer``; ``fallbacks`` (the
@@ -633,61 +476,60 @@ def run_pairformer_benchmark(
         s_out, z_out = module(wrap_s(s_leaf), wrap_z(z_leaf), m_st, p_st)
         return pair_loss(s_out, z_out, m_st, p_st)
 
-    with whole_module_stand_ins(module, mesh, stand_ins) as standing_in:
-        # Counting step: collectives by scope, reported gathers, the loss.
-        scopes = OpScopes(module)
-        groups = group_labels(mesh)
-        found: dict[tuple[str, str, str, str], int] = {}
+    # Counting step: collectives by scope, reported gathers, the loss.
+    scopes = OpScopes(module)
+    groups = group_labels(mesh)
+    found: dict[tuple[str, str, str, str], int] = {}
 
-        def on_gather(event: events.GatherEvent) -> None:
-            if event.kind != events.FALLBACK:
-                return
+    def on_gather(event: events.GatherEvent) -> None:
+        if event.kind != events.FALLBACK:
+            return
+        layer, category = scopes.current
+        where = category if layer is None else f"layer {layer} {category}"
+        dims = "+".join(f"cp{d}" for d in event.mesh_dims) or "-"
+        key = (event.op, where, dims, phase[0])
+        found[key] = found.get(key, 0) + 1
+
+    phase = ["forward"]
+    fresh()
+    with scopes.attached(), events.observe(on_gather):
+        try:
+            with ScopedCollectiveBytes(groups, lambda: scopes.current) as fwd:
+                loss = forward()
+            scopes.current = (None, OUTSIDE)
+            phase[0] = "backward"
+            with ScopedCollectiveBytes(groups, lambda: scopes.current) as bwd:
+                loss.backward()
+        except Exception as exc:
             layer, category = scopes.current
             where = category if layer is None else f"layer {layer} {category}"
-            dims = "+".join(f"cp{d}" for d in event.mesh_dims) or "-"
-            key = (event.op, where, dims, phase[0])
-            found[key] = found.get(key, 0) + 1
+            raise RuntimeError(
+                f"PairformerModule on {cp0}x{cp1}, N = {n_tokens}: the {phase[0]} failed in "
+                f"{where} (rank {mesh.rank}): {type(exc).__name__}: {exc}"
+            ) from exc
+    loss_cp = loss_value(loss.detach())
+    del loss
 
-        phase = ["forward"]
+    held = step_peak = None
+    if memory:
         fresh()
-        with scopes.attached(), events.observe(on_gather):
-            try:
-                with ScopedCollectiveBytes(groups, lambda: scopes.current) as fwd:
-                    loss = forward()
-                scopes.current = (None, OUTSIDE)
-                phase[0] = "backward"
-                with ScopedCollectiveBytes(groups, lambda: scopes.current) as bwd:
-                    loss.backward()
-            except Exception as exc:
-                layer, category = scopes.current
-                where = category if layer is None else f"layer {layer} {category}"
-                raise RuntimeError(
-                    f"PairformerModule on {cp0}x{cp1}, N = {n_tokens}: the {phase[0]} failed in "
-                    f"{where} (rank {mesh.rank}): {type(exc).__name__}: {exc}"
-                ) from exc
-        loss_cp = loss_value(loss.detach())
-        del loss
+        if mesh.device.type == "cuda":
+            common.synchronize(mesh.device)
+            held = int(torch.cuda.memory_allocated(mesh.device))
+        else:
+            held = _nbytes([s_leaf, z_leaf, m_st, p_st, *module.parameters()])
+        with common.PeakMemory(mesh.device) as peak:
+            forward().backward()
+        step_peak = peak.peak
 
-        held = step_peak = None
-        if memory:
-            fresh()
-            if mesh.device.type == "cuda":
-                common.synchronize(mesh.device)
-                held = int(torch.cuda.memory_allocated(mesh.device))
-            else:
-                held = _nbytes([s_leaf, z_leaf, m_st, p_st, *module.parameters()])
-            with common.PeakMemory(mesh.device) as peak:
-                forward().backward()
-            step_peak = peak.peak
-
-        fwd_times, bwd_times = [], []
-        for _ in range(repeats):
-            fresh()
-            timed = common.time_collective(forward, mesh.device)
-            fwd_times.append(timed.wall)
-            loss = timed.result
-            bwd_times.append(common.time_collective(loss.backward, mesh.device).wall)
-            del loss, timed
+    fwd_times, bwd_times = [], []
+    for _ in range(repeats):
+        fresh()
+        timed = common.time_collective(forward, mesh.device)
+        fwd_times.append(timed.wall)
+        loss = timed.result
+        bwd_times.append(common.time_collective(loss.backward, mesh.device).wall)
+        del loss, timed
 
     mine = {
         "rank": mesh.rank,
@@ -730,8 +572,6 @@ def run_pairformer_benchmark(
         "device": mesh.device.type,
         "memory_source": common.PeakMemory(mesh.device).source,
         "handlers": fc_boltz.install(),
-        "stand_ins": standing_in,
-        "stand_ins_text": ", ".join(CLASS_CATEGORY.get(c, c) for c in standing_in) or "none",
         "loss": loss_cp,
         "serial_loss": reference,
         "loss_diff": abs(loss_cp - reference) if reference is not None else None,
@@ -780,7 +620,6 @@ COLUMNS = [
     ("fwd_KiB_layer", "fwd KiB moved / layer"),
     ("bwd_KiB_layer", "bwd KiB moved / layer"),
     ("fallback_gathers", "fallback gathers"),
-    ("stand_ins_text", "run whole (no distributed forward)"),
     ("loss_diff_text", "abs(loss - serial)"),
 ]
 SUMMARY_KEY = ("mesh", "N")
@@ -793,7 +632,6 @@ _STORED = (
         "device",
         "memory_source",
         "handlers",
-        "stand_ins",
         "loss",
         "serial_loss",
         "loss_diff",
@@ -1022,11 +860,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-serial-check", action="store_true", help="skip the serial loss")
     p.add_argument("--no-memory", action="store_true", help="skip the memory step")
-    p.add_argument(
-        "--op-by-op",
-        action="store_true",
-        help="run Boltz pair modules without a distributed forward op by op, not whole",
-    )
     p.add_argument("--results", type=Path, default=common.RESULTS)
     p.add_argument("--timeout", type=float, default=900.0, help="collective timeout, s")
     return p
@@ -1062,7 +895,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 padded=args.padded,
                 serial_check=not args.no_serial_check,
                 memory=not args.no_memory,
-                stand_ins=not args.op_by_op,
                 init_noise=args.init_noise,
             )
             rows.append(row)
@@ -1099,7 +931,6 @@ __all__ = [
     "pair_loss",
     "run_pairformer_benchmark",
     "serial_loss",
-    "whole_module_stand_ins",
     "with_ratios",
     "write_results",
 ]
