@@ -16,11 +16,14 @@ from physicsnemo_foldcp import ops
 from physicsnemo_foldcp.data import FoldCPDataModule, ShardedLoader, ShardedSample
 from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown, wrap_model
 from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec
+from physicsnemo_foldcp.sharding.options import BalanceOptions, ShardingOptions
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures, gather_features, scatter_features
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BalanceOptions",
+    "ShardingOptions",
     "FeatureRegistry",
     "FoldCPDataModule",
     "ShardedLoader",

@@ -45,12 +45,13 @@ class TokenLayout:
         bounds = tuple(self.token_bounds) if self.token_bounds is not None else None
         return build_plan({TOKENS: self.n_tokens}, self.mesh.cp, token_bounds=bounds)
 
-    def _spec(self, axes: Sequence[str | None]) -> FeatureSpec:
+    def _feature_spec(self, axes: Sequence[str | None]) -> FeatureSpec:
         return FeatureSpec("layout", tuple(axes))
 
     def local(self, serial: torch.Tensor, axes: Sequence[str | None]) -> torch.Tensor:
         """This rank's block of ``serial`` ``[1, *shape]`` (a copy, on the mesh's device)."""
-        block = self.plan.local_block(self._spec(axes), serial[0], self.mesh.domain_coordinate)
+        spec = self._feature_spec(axes)
+        block = self.plan.local_block(spec, serial[0], self.mesh.domain_coordinate)
         return block.unsqueeze(0).clone().to(self.mesh.device)
 
     def shard(
@@ -62,7 +63,7 @@ class TokenLayout:
         Replicate())``, a token pair ``(Shard(1), Shard(2))``. The leaf is the local block;
         gradients of the FoldTensor land on it.
         """
-        spec = self._spec(axes)
+        spec = self._feature_spec(axes)
         leaf = self.local(serial, axes).requires_grad_(requires_grad)
         shapes = self.plan.sharding_shapes(
             spec, tuple(serial.shape[1:]), self.mesh.domain_coordinate, batched=True

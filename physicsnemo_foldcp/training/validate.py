@@ -30,6 +30,7 @@ from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.ops import compat, events
+from physicsnemo_foldcp.sharding.options import ShardingOptions
 from physicsnemo_foldcp.sharding.scatter import scatter_features
 from physicsnemo_foldcp.training.hooks import LossFn, model_loss
 
@@ -340,6 +341,7 @@ def validate_model(
     *,
     loss_fn: LossFn | None = None,
     registry: FeatureRegistry | None = None,
+    options: ShardingOptions | None = None,
     scatter_options: Mapping[str, Any] | None = None,
     rtol: float = 1e-5,
     atol: float = 1e-6,
@@ -363,10 +365,13 @@ def validate_model(
         default.
     registry : FeatureRegistry, optional
         Axis meanings of the features (Boltz-2 preset by default).
+    options : ShardingOptions, optional
+        How the sample is sharded (the defaults otherwise). With per-shard padding,
+        module outputs along padded axes cannot be compared element by element and are
+        listed in ``not_compared``.
     scatter_options : Mapping, optional
-        Further :func:`~physicsnemo_foldcp.scatter_features` arguments. With per-shard
-        padding, module outputs along padded axes cannot be compared element by element
-        and are listed in ``not_compared``.
+        Further :func:`~physicsnemo_foldcp.scatter_features` keyword arguments (the older
+        spelling of ``options``' fields, e.g. ``token_bounds``).
     rtol, atol : float
         Tolerances; ``atol`` is scaled by ``max(1, max |serial value|)`` per tensor.
 
@@ -404,6 +409,7 @@ def validate_model(
             device_sample if mesh.is_domain_source else None,
             mesh,
             registry=registry,
+            options=options,
             **dict(scatter_options or {}),
         )
         with _fallback_tracing(comm, recorder, fallbacks), warnings.catch_warnings():

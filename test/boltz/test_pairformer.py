@@ -75,11 +75,11 @@ def run_both(fold_mesh, module, n, training, seq=True, seed=0):
 
 @pytest.mark.parametrize("fold_mesh", MESHES, indirect=True, ids=mesh_id)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-def test_pairformer_layer_matches_serial(fold_mesh, training):
+@pytest.mark.parametrize("n", [23, 37])
+def test_pairformer_layer_matches_serial(fold_mesh, training, n):
     from boltz.model.layers.pairformer import PairformerLayer
 
     layer = randomize_parameters(PairformerLayer(**SIZES, dropout=0.25), 0)
-    n = 23
 
     class Chunked(nn.Module):  # the eval-mode chunk size PairformerModule passes
         def __init__(self):
@@ -94,7 +94,7 @@ def test_pairformer_layer_matches_serial(fold_mesh, training):
     collective_assert(not problems, "; ".join(problems))
 
 
-@pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 3, 3)], indirect=True, ids=mesh_id)
+@pytest.mark.parametrize("fold_mesh", MESHES, indirect=True, ids=mesh_id)
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
 def test_pairformer_module_matches_serial(fold_mesh, checkpointing):
     from boltz.model.layers.pairformer import PairformerModule
@@ -107,15 +107,18 @@ def test_pairformer_module_matches_serial(fold_mesh, checkpointing):
     collective_assert(not problems, "; ".join(problems))
 
 
-@pytest.mark.parametrize("fold_mesh", [(1, 2, 3), (1, 3, 3)], indirect=True, ids=mesh_id)
-def test_pairformer_no_seq_module_matches_serial_in_eval(fold_mesh):
+@pytest.mark.parametrize("fold_mesh", MESHES, indirect=True, ids=mesh_id)
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_pairformer_no_seq_module_matches_serial(fold_mesh, training):
+    """Eval mode: PairformerNoSeqModule picks the chunk size of the triangle attention."""
     from boltz.model.layers.pairformer import PairformerNoSeqModule
 
     module = PairformerNoSeqModule(
-        SIZES["token_z"], num_blocks=2, pairwise_head_width=8, pairwise_num_heads=2
-    )
+        SIZES["token_z"], num_blocks=2, dropout=0.25, pairwise_head_width=8,
+        pairwise_num_heads=2,
+    )  # fmt: skip
     randomize_parameters(module, 2)
-    problems = run_both(fold_mesh, module, 23, training=False, seq=False, seed=2)
+    problems = run_both(fold_mesh, module, 23, training=training, seq=False, seed=2)
     collective_assert(not problems, "; ".join(problems))
 
 

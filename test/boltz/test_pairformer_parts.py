@@ -30,9 +30,7 @@ MESHES = [(2, 1, 2), (2, 2, 1), (1, 2, 2), (1, 2, 3), (1, 3, 2), (1, 3, 3)]
 mesh_param = pytest.mark.parametrize(
     "fold_mesh", MESHES, indirect=True, ids=lambda s: "x".join(map(str, s))
 )
-
-
-
+TOKENS = pytest.mark.parametrize("n", [23, 37])
 
 
 def inputs(n, c_s, c_z, seed=0):
@@ -44,11 +42,21 @@ def inputs(n, c_s, c_z, seed=0):
     return s, z, mask
 
 
+def forward_counts(mode) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for op, k in mode.get_comm_counts().items():
+        name = next((c for c in ("all_gather", "all_reduce", "reduce_scatter") if c in str(op)), "")
+        out[name or str(op)] = out.get(name or str(op), 0) + k
+    return out
+
+
 @mesh_param
-def test_attention_pair_bias_matches_serial_without_fallbacks(fold_mesh):
+@TOKENS
+def test_attention_pair_bias_matches_serial_without_fallbacks(fold_mesh, n):
+    """Output, gradients and the stated forward collectives: one all-gather over cp0 (keys,
+    values, mask) and two all-reduces over cp1 (row maxima, sums), none on a size-1 dim."""
     from boltz.model.layers.attentionv2 import AttentionPairBias
 
-    n = 23
     module = randomize_parameters(AttentionPairBias(32, 16, num_heads=4), 0)
     serial_module = copy.deepcopy(module)
     s, z, mask = inputs(n, 32, 16)
@@ -58,12 +66,18 @@ def test_attention_pair_bias_matches_serial_without_fallbacks(fold_mesh):
     m_st, _ = layout.shard(mask, ("tokens",))
     fallbacks = []
     with observe(lambda e: fallbacks.append(e) if e.kind == FALLBACK else None):
-        out = module(s=s_st, z=z_st, mask=m_st, k_in=s_st)
+        with CommDebugMode() as forward:
+            out = module(s=s_st, z=z_st, mask=m_st, k_in=s_st)
         (out * out).sum().backward()
+    cp0, cp1 = fold_mesh.cp
+    stated = {"all_gather": 1} if cp0 > 1 else {}
+    stated.update({"all_reduce": 2} if cp1 > 1 else {})
     s_ref, z_ref = s.clone().requires_grad_(True), z.clone().requires_grad_(True)
     ref = serial_module(s=s_ref, z=z_ref, mask=mask, k_in=s_ref)
     (ref * ref).sum().backward()
     problems = [f"fallback gathers: {[(e.op, e.mesh_dims) for e in fallbacks]}"][: len(fallbacks)]
+    if forward_counts(forward) != stated:
+        problems.append(f"forward collectives {forward_counts(forward)}, stated {stated}")
     if tuple(out.placements) != (Shard(1), Replicate()):
         problems.append(f"output placements {out.placements}")
     close(out.full_tensor(), ref.detach(), "output", problems)
@@ -74,10 +88,10 @@ def test_attention_pair_bias_matches_serial_without_fallbacks(fold_mesh):
 
 
 @mesh_param
-def test_transition_on_a_pair_tile_is_local(fold_mesh):
+@TOKENS
+def test_transition_on_a_pair_tile_is_local(fold_mesh, n):
     from boltz.model.layers.transition import Transition
 
-    n = 23
     module = randomize_parameters(Transition(16, 64), 1)
     serial_module = copy.deepcopy(module)
     _, z, _ = inputs(n, 32, 16, seed=1)
