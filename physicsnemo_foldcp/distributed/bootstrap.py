@@ -32,6 +32,7 @@ from physicsnemo.distributed import DistributedManager
 from torch.distributed import distributed_c10d
 
 from physicsnemo_foldcp.distributed.mesh import MESH_DIM_NAMES, FoldMesh
+from physicsnemo_foldcp.distributed.rng import sync_rng_over_domain
 
 logger = logging.getLogger("physicsnemo_foldcp")
 
@@ -217,7 +218,10 @@ def init_mesh(
     in a single process started without a launcher (world size 1, mesh ``1 x 1 x 1``).
     NCCL on ``cuda:<LOCAL_RANK>`` is used when CUDA is available, gloo on CPU otherwise.
     Calling it again with another shape builds (and caches) another mesh over the same
-    process group.
+    process group. Building a mesh gives every rank of a domain group the torch generator
+    states of the group's source (``distributed.rng.sync_rng_over_domain``), so random
+    draws from global shapes, such as dropout masks, agree over the domain; reseed with
+    the same seed on every rank of a domain.
 
     Parameters
     ----------
@@ -285,6 +289,7 @@ def init_mesh(
             f"mesh on {manager.world_size} ranks (backend {dist.get_backend()}): {err}"
         ) from err
     fold_mesh = FoldMesh(global_mesh, domain_group, timeout, object_group)
+    sync_rng_over_domain(fold_mesh)
     _meshes[key] = fold_mesh
     if fold_mesh.rank == 0:
         logger.info("%s", fold_mesh.describe())

@@ -119,3 +119,26 @@ def test_mesh_groups_have_the_bounded_timeout(fold_world, request):
     mesh = fc.init_mesh(ddp=-1, cp=(1, 1))
     expected = timedelta(seconds=request.config.getoption("--foldcp-timeout"))
     collective_assert(mesh.timeout == expected, f"{mesh.timeout} != {expected}")
+
+
+@pytest.mark.parametrize("fold_mesh", MESHES, indirect=True, ids=lambda s: "x".join(map(str, s)))
+def test_building_a_mesh_gives_each_domain_its_sources_random_stream(fold_mesh, request):
+    ddp, cp0, cp1 = fold_mesh.shape
+    rank = dist.get_rank()
+    torch.manual_seed(1000 + rank)  # every process starts from its own seed
+    # Another timeout makes init_mesh build a new mesh of this shape rather than reuse one.
+    timeout = request.config.getoption("--foldcp-timeout") + 1 + sum(fold_mesh.shape) / 100
+    fresh = fc.init_mesh(ddp=ddp, cp=(cp0, cp1), timeout_s=timeout)
+    draws = torch.rand(4)
+    everyone = [torch.empty(4) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, draws)
+    source = fresh.domain_source_rank
+    expected = torch.rand(4, generator=torch.Generator().manual_seed(1000 + source))
+    collective_assert(
+        torch.equal(draws, expected), f"rank {rank} does not draw domain source {source}'s numbers"
+    )
+    others = {r // (cp0 * cp1) for r in range(len(everyone)) if not torch.equal(everyone[r], draws)}
+    collective_assert(
+        others == set(range(ddp)) - {rank // (cp0 * cp1)},
+        f"rank {rank}: ranks of domains {sorted(others)} draw other numbers than its own domain",
+    )
