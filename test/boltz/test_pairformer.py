@@ -29,8 +29,6 @@ SIZES = {"token_s": 32, "token_z": 16, "num_heads": 4, "pairwise_head_width": 8,
          "pairwise_num_heads": 2}  # fmt: skip
 
 
-
-
 def pair_inputs(n, seed=0):
     g = torch.Generator().manual_seed(seed)
     s = torch.randn(1, n, SIZES["token_s"], generator=g)

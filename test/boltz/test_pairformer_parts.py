@@ -15,6 +15,7 @@ from torch.distributed.tensor.placement_types import Replicate, Shard
 from physicsnemo_foldcp.ops import observe
 from physicsnemo_foldcp.ops.events import FALLBACK
 from physicsnemo_foldcp.testing import collective_assert
+from physicsnemo_foldcp.testing.collectives import collective_counts
 from physicsnemo_foldcp.testing.layouts import TokenLayout
 from physicsnemo_foldcp.testing.parity import (
     close,
@@ -40,14 +41,6 @@ def inputs(n, c_s, c_z, seed=0):
     mask = torch.ones(1, n)
     mask[:, -3:] = 0
     return s, z, mask
-
-
-def forward_counts(mode) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for op, k in mode.get_comm_counts().items():
-        name = next((c for c in ("all_gather", "all_reduce", "reduce_scatter") if c in str(op)), "")
-        out[name or str(op)] = out.get(name or str(op), 0) + k
-    return out
 
 
 @mesh_param
@@ -76,8 +69,8 @@ def test_attention_pair_bias_matches_serial_without_fallbacks(fold_mesh, n):
     ref = serial_module(s=s_ref, z=z_ref, mask=mask, k_in=s_ref)
     (ref * ref).sum().backward()
     problems = [f"fallback gathers: {[(e.op, e.mesh_dims) for e in fallbacks]}"][: len(fallbacks)]
-    if forward_counts(forward) != stated:
-        problems.append(f"forward collectives {forward_counts(forward)}, stated {stated}")
+    if collective_counts(forward) != stated:
+        problems.append(f"forward collectives {collective_counts(forward)}, stated {stated}")
     if tuple(out.placements) != (Shard(1), Replicate()):
         problems.append(f"output placements {out.placements}")
     close(out.full_tensor(), ref.detach(), "output", problems)

@@ -24,6 +24,7 @@ from physicsnemo_foldcp.ops import wrap
 from physicsnemo_foldcp.ops._blocks import tile_shapes
 from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
 from physicsnemo_foldcp.testing import collective_assert
+from physicsnemo_foldcp.testing.collectives import collective_counts
 
 attention = pytest.importorskip("boltz.model.layers.triangular_attention.attention")
 
@@ -129,16 +130,6 @@ def expected_collectives(tiles: Tiles, starting: bool) -> dict[str, int]:
     return {k: v for k, v in out.items() if v}
 
 
-def comm_counts(mode: CommDebugMode) -> dict[str, int]:
-    """Collectives counted, keyed by their short name."""
-    kinds = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
-    out: dict[str, int] = {}
-    for op, n in mode.get_comm_counts().items():
-        name = next((k for k in kinds if k in str(op)), str(op))
-        out[name] = out.get(name, 0) + n
-    return {k: v for k, v in out.items() if v}
-
-
 def problem(name: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
     """``None`` when ``got`` equals ``want`` up to rounding, else what differs.
 
@@ -237,7 +228,7 @@ def test_matches_serial_module(fold_mesh, starting, mode, n_tokens, dtype):
     ]
     for (name, p_d), p_s in zip(distributed.named_parameters(), serial.parameters()):
         problems.append(problem(f"grad of {name}", p_d.grad, p_s.grad))
-    counts = comm_counts(comm)
+    counts = collective_counts(comm)
     if counts != expected_collectives(tiles, starting):
         problems.append(f"collectives {counts}, stated {expected_collectives(tiles, starting)}")
     if tuple(out.placements) != (Shard(1), Shard(2)) or out.to_local().shape != leaf.shape:

@@ -5,7 +5,6 @@ called on the scatter's layout of ``x`` and ``mask`` (pair tiles with uneven row
 and the plan's column blocks) and compared with the same weights run serially.
 """
 
-import contextlib
 import copy
 import math
 
@@ -23,6 +22,7 @@ from physicsnemo_foldcp.ops.compat import sharding_shapes
 from physicsnemo_foldcp.ops.triangle import panel_plan
 from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
 from physicsnemo_foldcp.testing import collective_assert, collective_assert_close
+from physicsnemo_foldcp.testing.collectives import collective_counts, count_p2p
 
 triangular_mult = pytest.importorskip("boltz.model.layers.triangular_mult")
 CLASSES = {
@@ -140,38 +140,6 @@ class BytesReceived(CommDebugMode):
         elif "all_reduce" in name or "broadcast" in name or "all_to_all" in name:
             raise AssertionError(f"unexpected collective {name} in the contraction's forward")
         return out
-
-
-def collective_counts(mode) -> dict[str, int]:
-    kinds = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
-    out: dict[str, int] = {}
-    for op, n in mode.get_comm_counts().items():
-        name = next((k for k in kinds if k in str(op)), str(op))
-        out[name] = out.get(name, 0) + n
-    return {k: v for k, v in out.items() if v}
-
-
-@contextlib.contextmanager
-def count_p2p():
-    """Count point-to-point calls (which CommDebugMode does not see)."""
-    names = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
-    counts = {"calls": 0}
-    saved = {name: getattr(dist, name) for name in names}
-
-    def counting(original):
-        def call(*args, **kwargs):
-            counts["calls"] += 1
-            return original(*args, **kwargs)
-
-        return call
-
-    for name, original in saved.items():
-        setattr(dist, name, counting(original))
-    try:
-        yield counts
-    finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
 
 
 # -- the panels (single process) ---------------------------------------------------------------

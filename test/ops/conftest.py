@@ -7,12 +7,10 @@ laid out on the plan, element by element.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from physicsnemo_foldcp import scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
@@ -20,6 +18,7 @@ from physicsnemo_foldcp.features import FeatureSpec
 from physicsnemo_foldcp.ops import compat, tag_maps, wrap
 from physicsnemo_foldcp.sharding.plan import local_block, sharding_shapes
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
+from physicsnemo_foldcp.testing.collectives import collective_counts, count_p2p
 
 PADDINGS = {"no-pad": {}, "pad-4-32": {"token_multiple": 4, "atom_multiple": 32}}
 MAPS = {
@@ -156,48 +155,13 @@ def ops_case():
     return make
 
 
-P2P_FUNCS = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
-
-
-@contextlib.contextmanager
-def count_p2p():
-    """Count point-to-point calls (which ``CommDebugMode`` does not see)."""
-    counts = {"calls": 0}
-    saved = {name: getattr(dist, name) for name in P2P_FUNCS}
-
-    def counting(original):
-        def call(*args, **kwargs):
-            counts["calls"] += 1
-            return original(*args, **kwargs)
-
-        return call
-
-    for name, original in saved.items():
-        setattr(dist, name, counting(original))
-    try:
-        yield counts
-    finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
-
-
 @pytest.fixture
 def p2p_counter():
     """The :func:`count_p2p` context manager."""
     return count_p2p
 
 
-def comm_counts(mode) -> dict[str, int]:
-    """``CommDebugMode`` counts keyed by the collective's short name."""
-    kinds = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
-    out: dict[str, int] = {}
-    for op, n in mode.get_comm_counts().items():
-        name = next((k for k in kinds if k in str(op)), str(op))
-        out[name] = out.get(name, 0) + n
-    return {k: v for k, v in out.items() if v}
-
-
 @pytest.fixture
 def collectives():
     """``collectives(CommDebugMode) -> {"all_gather": n, "all_reduce": n, ...}``."""
-    return comm_counts
+    return collective_counts
