@@ -75,18 +75,8 @@ _KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast
 # -- counting collectives and their bytes ----------------------------------------------------
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
 def _nbytes(values: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(values))
+    return sum(t.numel() * t.element_size() for t in common.tensors_in(values))
 
 
 def _kind(packet: object) -> str:
@@ -872,8 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the fallback even when the token blocks are not torch.chunk's (may hang)",
     )
-    p.add_argument("--results", type=Path, default=common.RESULTS)
-    p.add_argument("--timeout", type=float, default=300.0, help="collective timeout, s")
+    common.add_output_arguments(p, timeout_s=300.0)
     return p
 
 

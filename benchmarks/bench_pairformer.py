@@ -68,7 +68,6 @@ import contextlib
 import copy
 import dataclasses
 import json
-import math
 import os
 import platform
 import sys
@@ -215,16 +214,6 @@ def serial_loss(
         return float(pair_loss(s_out, z_out, mask, pair_mask))
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
 class OpScopes:
     """Which Pairformer layer and op is running, in the forward and in the backward.
 
@@ -272,11 +261,11 @@ class OpScopes:
     def _hooks(self, target: nn.Module, inside: Scope, outside: Scope) -> None:
         def pre(_: nn.Module, args: tuple) -> None:
             self.current = inside
-            self._on_end(_tensors(args), outside)
+            self._on_end(common.tensors_in(args), outside)
 
         def post(_: nn.Module, args: tuple, output: Any) -> None:
             self.current = outside
-            self._on_start(_tensors(output), inside)
+            self._on_start(common.tensors_in(output), inside)
 
         self._handles.append(target.register_forward_pre_hook(pre))
         self._handles.append(target.register_forward_hook(post))
@@ -446,7 +435,8 @@ def run_pairformer_benchmark(
     set_precision("fp32")
     dropout_seed = seed + 1
     module = build_module(sizes, seed, init_noise)
-    weights = float(sum(p.double().sum() + p.double().pow(2).sum() for p in module.parameters()))
+    values = [p.detach().double() for p in module.parameters()]
+    weights = float(sum(v.sum() + v.pow(2).sum() for v in values))
     serial = copy.deepcopy(module) if (serial_check and mesh.is_domain_source) else None
     module = module.to(mesh.device)
     inputs = pair_inputs(n_tokens, sizes, seed, padded)
@@ -829,13 +819,6 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
     return [md, png, summary]
 
 
-def _square(world: int) -> tuple[int, int]:
-    side = math.isqrt(world)
-    if side * side != world:
-        raise SystemExit(f"world size {world} is not a square: pass --cp CP0 CP1")
-    return side, side
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line (see the module docstring)."""
     defaults = PairformerSizes()
@@ -858,10 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.1,
         help="noise added to Boltz's initial parameters (0: Boltz's own, zero last projections)",
     )
-    p.add_argument("--no-serial-check", action="store_true", help="skip the serial loss")
-    p.add_argument("--no-memory", action="store_true", help="skip the memory step")
-    p.add_argument("--results", type=Path, default=common.RESULTS)
-    p.add_argument("--timeout", type=float, default=900.0, help="collective timeout, s")
+    common.add_step_arguments(p)
+    common.add_output_arguments(p)
     return p
 
 
@@ -869,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run every ``--tokens`` size on the launched mesh; rank 0 writes the results."""
     args = build_parser().parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    cp = tuple(args.cp) if args.cp else _square(world)
+    cp = common.cp_shape(args.cp, world)
     sizes = PairformerSizes(
         token_s=args.token_s,
         token_z=args.token_z,

@@ -695,8 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory run")
     p.add_argument("--features", nargs="+", default=None, help="scatter only these keys")
-    p.add_argument("--results", type=Path, default=common.RESULTS)
-    p.add_argument("--timeout", type=float, default=900.0, help="collective timeout, s")
+    common.add_output_arguments(p)
     return p
 
 

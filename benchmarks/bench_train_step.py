@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import platform
 import resource
@@ -378,13 +377,6 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
     return [md, png, summary]
 
 
-def _square(world: int) -> tuple[int, int]:
-    side = math.isqrt(world)
-    if side * side != world:
-        raise SystemExit(f"world size {world} is not a square: pass --cp CP0 CP1")
-    return side, side
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cp", type=int, nargs=2, default=None, metavar=("CP0", "CP1"))
@@ -397,17 +389,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--c-pair", type=int, default=ModelConfig.c_pair)
     p.add_argument("--n-blocks", type=int, default=ModelConfig.n_blocks)
     p.add_argument("--n-heads", type=int, default=ModelConfig.n_heads)
-    p.add_argument("--no-serial-check", action="store_true", help="skip the serial loss")
-    p.add_argument("--no-memory", action="store_true", help="skip the memory step")
-    p.add_argument("--results", type=Path, default=common.RESULTS)
-    p.add_argument("--timeout", type=float, default=900.0, help="collective timeout, s")
+    common.add_step_arguments(p)
+    common.add_output_arguments(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    cp = tuple(args.cp) if args.cp else _square(world)
+    cp = common.cp_shape(args.cp, world)
     config = ModelConfig(
         c_atom=args.c_atom,
         c_token=args.c_token,

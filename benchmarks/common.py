@@ -32,6 +32,7 @@ Results
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import json
@@ -350,3 +351,39 @@ def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+# -- command lines ---------------------------------------------------------------------------
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, timeout_s: float = 900.0) -> None:
+    """Add ``--results`` (folder of tables and plots) and ``--timeout`` (collectives, s)."""
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--timeout", type=float, default=timeout_s, help="collective timeout, s")
+
+
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--no-serial-check`` and ``--no-memory`` of the training-step benchmarks."""
+    parser.add_argument("--no-serial-check", action="store_true", help="skip the serial loss")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory step")
+
+
+def cp_shape(cp: Sequence[int] | None, world: int) -> tuple[int, int]:
+    """``--cp`` when given, else the square ``s x s`` mesh of ``world = s^2`` ranks."""
+    if cp:
+        return int(cp[0]), int(cp[1])
+    side = math.isqrt(world)
+    if side * side != world:
+        raise SystemExit(f"world size {world} is not a square: pass --cp CP0 CP1")
+    return side, side
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value`` and its nested lists, tuples and mappings, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
