@@ -109,8 +109,10 @@ def reduction(func: Callable, args: tuple, kwargs: dict) -> Any:
             return None
         return d if keepdim else d - sum(1 for r in reduced if r < d)
 
-    summed = (lambda k, d: "sum" if k == 0 and d in reduced else None) if name in SUM_LIKE else (
-        lambda k, d: None
+    summed = (
+        (lambda k, d: "sum" if k == 0 and d in reduced else None)
+        if name in SUM_LIKE
+        else (lambda k, d: None)
     )
     extra: dict[str, Any] = {}
     if name == "mean":
@@ -188,9 +190,7 @@ def _parse_equation(equation: str, ndims: Sequence[int]) -> tuple[list[list[str]
     if len(terms) != len(ndims):
         raise ValueError(f"einsum: {len(terms)} operand terms for {len(ndims)} operands")
     parsed = [_LETTERS.findall(t) for t in terms]
-    ellipsis = max(
-        (n - (len(p) - 1) for p, n in zip(parsed, ndims) if "..." in p), default=0
-    )
+    ellipsis = max((n - (len(p) - 1) for p, n in zip(parsed, ndims) if "..." in p), default=0)
     labels = []
     for p, n in zip(parsed, ndims):
         if "..." in p:
@@ -430,9 +430,7 @@ def expand(func: Callable, args: tuple, kwargs: dict) -> Any:
         return NotImplemented
 
     def local_func(local: torch.Tensor, *rest: Any, **_: Any) -> torch.Tensor:
-        sizes = [
-            -1 if d >= lead and shape[d - lead] == t else t for d, t in enumerate(target)
-        ]
+        sizes = [-1 if d >= lead and shape[d - lead] == t else t for d, t in enumerate(target)]
         return local.expand(sizes)
 
     return _run(

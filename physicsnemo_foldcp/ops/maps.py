@@ -517,8 +517,6 @@ def mark_derived(func: Callable, args: tuple, kwargs: dict, result: Any) -> Any:
     return result
 
 
-
-
 # -- products with a map ---------------------------------------------------------------------
 
 

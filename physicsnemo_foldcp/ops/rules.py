@@ -138,9 +138,20 @@ METADATA = _funcs(
 """Answered by the wrapper itself (global shape, dtype, device) without any dispatch."""
 
 AUTOGRAD_IDENTITY = _funcs(
-    "register_hook", "register_post_accumulate_grad_hook", "retain_grad",
-    "__reduce_ex__", "__deepcopy__", "__setstate__", "data", "grad", "is_leaf", "grad_fn",
-    "requires_grad", "requires_grad_", "untyped_storage", "storage",
+    "register_hook",
+    "register_post_accumulate_grad_hook",
+    "retain_grad",
+    "__reduce_ex__",
+    "__deepcopy__",
+    "__setstate__",
+    "data",
+    "grad",
+    "is_leaf",
+    "grad_fn",
+    "requires_grad",
+    "requires_grad_",
+    "untyped_storage",
+    "storage",
     on=(torch.Tensor,),
 ) + (torch.autograd.grad,)
 """Bound to the tensor object itself (hooks, gradients, pickling): PhysicsNeMo's dispatch."""

@@ -207,7 +207,10 @@ def test_another_model_trains_with_its_own_loss_and_fsdp_units(fold_mesh):
 
 @pytest.mark.parametrize(
     # the 2x2 CP mesh is predicted by the Hydra app in test_apps.py
-    "fold_mesh", [(2, 1, 2), (1, 2, 3), (3, 1, 3)], indirect=True, ids=mesh_id
+    "fold_mesh",
+    [(2, 1, 2), (1, 2, 3), (3, 1, 3)],
+    indirect=True,
+    ids=mesh_id,
 )
 def test_prediction_writes_the_serial_distograms(fold_mesh, shared_dir):
     mesh = fold_mesh
