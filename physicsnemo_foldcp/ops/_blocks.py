@@ -274,6 +274,33 @@ def all_reduce(t: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, op: str = "sum"
     return compat.all_reduce(t, op, mesh, mesh_dim)
 
 
+def raise_on_every_rank(
+    problem: str | None, mesh: DeviceMesh, error: type[Exception] = ShardingLayoutError
+) -> None:
+    """Raise ``error`` on every rank of ``mesh`` when any of its ranks found a problem.
+
+    A check that fails on one rank only would leave the others waiting in the op's next
+    collective until the timeout; with this, every rank raises at once, with the message
+    of each rank that failed (prefixed with :func:`rank_label`).
+
+    Communication: ONE ``all_reduce`` of one int over each mesh dim of size > 1; after a
+    failure, one ``all_gather_object`` of the messages over each of them.
+    """
+    flag = torch.tensor([1 if problem else 0], device=torch.device(mesh.device_type))
+    for mesh_dim in range(mesh.ndim):
+        flag = all_reduce(flag, mesh, mesh_dim, op="max")
+    if not int(flag.item()):
+        return
+    messages = [f"{rank_label(mesh)}: {problem}"] if problem else []
+    for mesh_dim in range(mesh.ndim):
+        if mesh.size(mesh_dim) == 1:
+            continue
+        parts: list[list[str] | None] = [None] * mesh.size(mesh_dim)
+        dist.all_gather_object(parts, messages, group=mesh.get_group(mesh_dim))
+        messages = [m for part in parts for m in part or []]
+    raise error("; ".join(messages))
+
+
 class RowsAndColumns(torch.autograd.Function):
     """The operands of a pair tile: row block ``i`` of a single, column block ``j`` of another.
 

@@ -3,7 +3,11 @@
 Each op is a plain-torch function with the serial semantics of Boltz, and a ShardTensor
 handler registered at import. Atoms follow their tokens, so the handlers multiply co-sharded
 local blocks: **no collective in forward or backward** for the activations. The map is data
-(no gradient); a map that requires grad is refused with a clear error.
+(no gradient); a map that requires grad is refused with a clear error. A map that
+:func:`~physicsnemo_foldcp.ops.tag_maps` has not checked (untagged, or tagged with
+``check=False``) is checked on each call: one ``all_reduce`` of a flag over each mesh dim,
+so a block with entries outside its rank's tokens fails every rank at once with that
+rank's message (:func:`~physicsnemo_foldcp.ops._blocks.raise_on_every_rank`).
 
 Shapes (batched ``[B, ...]`` as Boltz uses them; the unbatched forms drop ``B``):
 
@@ -35,7 +39,7 @@ from physicsnemo_foldcp.ops._blocks import (
     describe,
     local_of,
     mesh_sizes,
-    rank_label,
+    raise_on_every_rank,
     require_shard_tensor,
     row_dim,
     row_shapes,
@@ -207,8 +211,7 @@ def contract_rows(
     if layout == "dense":
         if tag is None or not tag.checked:
             problem = dense_block_problem(m_local, m_local.ndim - 1, start, length, what)
-            if problem:
-                raise MapLayoutError(f"{problem} [{rank_label(mesh)}]")
+            raise_on_every_rank(problem, mesh, MapLayoutError)
         block_local = m_local.narrow(-1, start, length)
         if cast:
             block_local = block_local.to(x_local.dtype)
@@ -216,8 +219,7 @@ def contract_rows(
     else:
         if tag is None or not tag.checked:
             problem = index_block_problem(m_local, start, length, what)
-            if problem:
-                raise MapLayoutError(f"{problem} [{rank_label(mesh)}]")
+            raise_on_every_rank(problem, mesh, MapLayoutError)
         out_local = _gather_rows(m_local, x_local, start)
     out_sizes = mesh_sizes(m, ROWS, md)
     return wrap(
@@ -297,16 +299,14 @@ def contract_columns(
     if layout == "index":
         if not tag.checked:
             problem = index_block_problem(m_local, start, length, what)
-            if problem:
-                raise MapLayoutError(f"{problem} [{rank_label(mesh)}]")
+            raise_on_every_rank(problem, mesh, MapLayoutError)
         if weights != "mean":
             raise ShardingLayoutError(f"{op}: an index map supports the mean only")
         out_local = _index_mean(m_local, x_local, length, eps, start)
     else:
         if not tag.checked:
             problem = dense_block_problem(m_local, tag.block_dim, start, length, what)
-            if problem:
-                raise MapLayoutError(f"{problem} [{rank_label(mesh)}]")
+            raise_on_every_rank(problem, mesh, MapLayoutError)
         block_local = m_local.narrow(tag.block_dim, start, length)
         if cast:
             block_local = block_local.to(x_local.dtype)

@@ -1,6 +1,7 @@
 """atom <-> token ops on scattered complexes: serial parity of outputs and gradients, no comm."""
 
 import copy
+import time
 
 import pytest
 import torch
@@ -198,6 +199,55 @@ def test_a_map_with_atoms_outside_the_rank_tokens_is_refused(fold_mesh, ops_case
     rep[0, 0, rep_column] = 1
     with pytest.raises(MapLayoutError, match="outside this rank's column block"):
         representative_atoms(x, _from_local(rep, case.sharded["token_to_rep_atom"]))
+
+
+@pytest.mark.parametrize(
+    "fold_mesh", ROW_SPLIT_MESHES, indirect=True, ids=lambda s: mesh_id(map(str, s))
+)
+def test_a_map_bad_on_one_rank_fails_every_rank_at_once(fold_mesh, ops_case, request):
+    """An unchecked map corrupted on ONE rank: every rank raises that rank's message, fast."""
+    case = ops_case(fold_mesh)
+    s, _ = case.shard(case.randn(1, case.n_tokens, 4), ("tokens", None))
+    x, _ = case.shard(case.randn(1, case.n_atoms, 3), ("atoms", None))
+    culprit = fold_mesh.domain_global_rank(1, 0)
+    guilty = fold_mesh.domain_coordinate == (1, 0)
+    column = _outside_column(case, "atom_to_token")
+
+    dense = case.sharded["atom_to_token"]._local_tensor.clone()
+    index = case.index["atom_to_token"]._local_tensor.clone()
+    if guilty:
+        dense[0, 0].zero_()
+        dense[0, 0, column] = 1
+        index[0, 0] = column
+    untagged_dense = _from_local(dense, case.sharded["atom_to_token"])
+    untagged_index = _from_local(index, case.index["atom_to_token"])
+    features = ShardedFeatures(case.sharded)
+    for attr in ("plan", "meta", "registry", "mesh", "stats"):
+        setattr(features, attr, getattr(case.sharded, attr))
+    features["atom_to_token"] = _from_local(dense, case.sharded["atom_to_token"])
+    unchecked = tag_maps(features, check=False)["atom_to_token"]
+
+    calls = {
+        "dense, untagged": lambda: tokens_to_atoms(s, untagged_dense),
+        "index, untagged": lambda: tokens_to_atoms(s, untagged_index),
+        "dense, tagged unchecked": lambda: atoms_to_tokens_mean(x, unchecked, 1e-6),
+    }
+    timeout = request.config.getoption("--foldcp-timeout")
+    for what, run in calls.items():
+        started = time.monotonic()
+        with pytest.raises(MapLayoutError) as info:
+            run()
+        elapsed = time.monotonic() - started
+        message = str(info.value)
+        collective_assert(
+            f"global rank {culprit} at (cp0, cp1) = (1, 0): " in message
+            and "outside this rank's" in message,
+            f"{what}: the message does not name the culprit rank {culprit}: {message}",
+        )
+        collective_assert(
+            elapsed < min(10.0, timeout / 2),
+            f"{what}: raised after {elapsed:.1f} s (collective timeout {timeout} s)",
+        )
 
 
 @pytest.mark.parametrize(
