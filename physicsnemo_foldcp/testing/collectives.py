@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 from torch.distributed.tensor.debug import CommDebugMode
 
 COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
@@ -39,27 +40,39 @@ def collective_counts(mode: CommDebugMode) -> dict[str, int]:
 
 @contextlib.contextmanager
 def count_p2p() -> Iterator[dict[str, int]]:
-    """Count point-to-point calls (``send``, ``recv``, ``isend``, ...) made in the block.
+    """Count point-to-point calls (``send``, ``recv``, ``isend``, ...) and their bytes.
+
+    The functions are replaced in ``torch.distributed`` and in its ``distributed_c10d``
+    module alike, so ``dist.P2POp(dist.isend, ...)`` built inside the block is accepted,
+    and each send or receive of a ``batch_isend_irecv`` counts as a call too.
 
     Yields
     ------
     dict[str, int]
-        ``{"calls": n}``, updated as calls happen.
+        ``{"calls": n, "sent": bytes, "received": bytes}``, updated as calls happen.
     """
-    counts = {"calls": 0}
+    counts = {"calls": 0, "sent": 0, "received": 0}
+    namespaces = (dist, distributed_c10d)
     saved = {name: getattr(dist, name) for name in P2P_FUNCS}
 
-    def counting(original):
+    def counting(name, original):
         def call(*args, **kwargs):
             counts["calls"] += 1
+            tensor = args[0] if args else kwargs.get("tensor")
+            if name in ("send", "isend", "recv", "irecv") and tensor is not None:
+                key = "sent" if "send" in name else "received"
+                counts[key] += tensor.numel() * tensor.element_size()
             return original(*args, **kwargs)
 
         return call
 
-    for name, original in saved.items():
-        setattr(dist, name, counting(original))
+    wrappers = {name: counting(name, original) for name, original in saved.items()}
+    for namespace in namespaces:
+        for name, wrapper in wrappers.items():
+            setattr(namespace, name, wrapper)
     try:
         yield counts
     finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
+        for namespace in namespaces:
+            for name, original in saved.items():
+                setattr(namespace, name, original)
