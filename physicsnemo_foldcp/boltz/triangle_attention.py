@@ -96,7 +96,7 @@ not supported under context parallelism yet (ValueError). The mask is not differ
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -111,11 +111,13 @@ from physicsnemo_foldcp.ops._blocks import (
     ROWS,
     ShardingLayoutError,
     all_reduce,
+    block_starts,
     coordinate,
     describe,
     gather_blocks,
     local_of,
     mesh_sizes,
+    overlap,
     rank_label,
     reduce_scatter_blocks,
     require_shard_tensor,
@@ -133,18 +135,6 @@ trade memory for fewer, larger matrix products."""
 
 
 # -- geometry --------------------------------------------------------------------------------
-
-
-def _starts(sizes: Sequence[int]) -> list[int]:
-    out, at = [], 0
-    for size in sizes:
-        out.append(at)
-        at += int(size)
-    return out
-
-
-def _overlap(a_start: int, a_len: int, b_start: int, b_len: int) -> int:
-    return max(0, min(a_start + a_len, b_start + b_len) - max(a_start, b_start))
 
 
 @dataclass(frozen=True)
@@ -178,9 +168,9 @@ class Layout:
 
     def strip_pieces(self) -> list[int]:
         """``|R_a ∩ C_q|`` for every row block ``a``: the query strip's rows per rank."""
-        rows, keys = _starts(self.row_sizes), _starts(self.key_sizes)
+        rows, keys = block_starts(self.row_sizes), block_starts(self.key_sizes)
         return [
-            _overlap(rows[a], self.row_sizes[a], keys[self.q], self.key_sizes[self.q])
+            overlap(rows[a], self.row_sizes[a], keys[self.q], self.key_sizes[self.q])
             for a in range(len(self.row_sizes))
         ]
 
@@ -197,9 +187,9 @@ class Layout:
 
     def split_of_rows(self) -> list[int]:
         """``|R_p ∩ C_t|`` for every key block ``t``: this rank's bias rows per destination."""
-        rows, keys = _starts(self.row_sizes), _starts(self.key_sizes)
+        rows, keys = block_starts(self.row_sizes), block_starts(self.key_sizes)
         return [
-            _overlap(rows[self.p], self.row_sizes[self.p], keys[t], self.key_sizes[t])
+            overlap(rows[self.p], self.row_sizes[self.p], keys[t], self.key_sizes[t])
             for t in range(len(self.key_sizes))
         ]
 
@@ -350,7 +340,7 @@ class Stream:
 
     def chunks(self, step: int) -> Iterator[tuple[int, int, int]]:
         """``(offset in the gathered buffer, global key index, width)`` of each sub-chunk."""
-        starts = _starts(self.layout.key_sizes)
+        starts = block_starts(self.layout.key_sizes)
         for rank, length in enumerate(self.lengths(step)):
             for a in range(0, length, self.key_chunk):
                 width = min(self.key_chunk, length - a)

@@ -129,6 +129,20 @@ def block(sizes: Sequence[int], index: int) -> tuple[int, int]:
     return int(sum(sizes[:index])), int(sizes[index])
 
 
+def block_starts(sizes: Sequence[int]) -> list[int]:
+    """Start of each block of a partition into blocks of ``sizes``."""
+    out, at = [], 0
+    for size in sizes:
+        out.append(at)
+        at += int(size)
+    return out
+
+
+def overlap(a_start: int, a_len: int, b_start: int, b_len: int) -> int:
+    """Length of the intersection of ``[a_start, a_start + a_len)`` and the ``b`` range."""
+    return max(0, min(a_start + a_len, b_start + b_len) - max(a_start, b_start))
+
+
 def coordinate(mesh: DeviceMesh) -> tuple[int, int]:
     """This rank's ``(i, j)`` on the 2-D domain mesh."""
     i, j = mesh.get_coordinate()

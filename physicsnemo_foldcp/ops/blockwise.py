@@ -23,7 +23,9 @@ for every mesh dim ``m`` (``cp0``, ``cp1``):
   alike along ``m`` is summed locally, then ONE all-reduce over ``m`` (backward: none);
 * a product of two singles sharded along ``cp0`` on different result dims (``q @ k.mT``,
   an outer product) becomes the ``(Shard, Shard)`` pair tile: the second operand is
-  all-gathered over ``cp0`` and cut to column block ``j`` over ``cp1``.
+  all-gathered over ``cp0`` and cut to column block ``j`` over ``cp1``;
+* a transposed pair tile meeting the tile layout (``z + z.transpose(1, 2)``) is moved to
+  it piece by piece (:mod:`physicsnemo_foldcp.ops.mirror`), about one tile per rank.
 
 Every gather made because an op reads along a sharded axis (or has no
 :class:`DimMap` at all, in which case every sharded operand is gathered and the serial op
@@ -54,6 +56,7 @@ from physicsnemo_foldcp.ops._blocks import (
     rank_label,
     reduce_scatter_blocks,
 )
+from physicsnemo_foldcp.ops.mirror import mirror_tile
 from physicsnemo_foldcp.ops.tensor import wrap
 from physicsnemo_foldcp.sharding.plan import column_block_sizes
 
@@ -302,6 +305,7 @@ class _Decision:
     summed: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     sliced: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     reasons: dict[tuple[int, int], str] = field(default_factory=dict)
+    mirrored: dict[int, tuple[int, int]] = field(default_factory=dict)  # k -> (a, b)
 
 
 def _decide(ops: list[Operand], dims: DimMap | None, mesh: DeviceMesh) -> _Decision:
@@ -340,6 +344,7 @@ def _decide(ops: list[Operand], dims: DimMap | None, mesh: DeviceMesh) -> _Decis
                 if (od, dims.out_sizes(o.index, d, o.sizes[m])) != (od0, blocks)
             ]
     _promote_tile(decision, conflicts, mesh)
+    _mirror_transposed_tiles(decision, conflicts, dims)
     for m, rest in conflicts.items():
         for o, d, _ in rest:
             decision.gather[(o.index, m)] = events.FALLBACK
@@ -371,6 +376,30 @@ def _promote_tile(decision: _Decision, conflicts: dict, mesh: DeviceMesh) -> Non
         decision.gather[(o.index, 0)] = events.TILE
         decision.reasons[(o.index, 0)] = "columns of the pair tile"
     conflicts[0] = []
+
+
+def _mirror_transposed_tiles(decision: _Decision, conflicts: dict, dims: DimMap | None) -> None:
+    """A transposed pair tile meeting the tile layout: moved by :func:`mirror_tile`.
+
+    The operand shards over ``cp0`` the dim that becomes the result's ``cp1`` dim and
+    over ``cp1`` the one that becomes its ``cp0`` dim, with the result's blocks swapped
+    (``z.transpose(1, 2)`` of a tile ``z``).
+    """
+    if dims is None or dims.resized is not None or 0 not in decision.out or 1 not in decision.out:
+        return
+    (row_dim, rows), (col_dim, columns) = decision.out[0], decision.out[1]
+    in_both = {o.index for o, _, _ in conflicts.get(0, [])} & {
+        o.index for o, _, _ in conflicts.get(1, [])
+    }
+    for o, d0, _ in list(conflicts.get(0, [])):
+        if o.index not in in_both or o.is_partial(0) or o.is_partial(1):
+            continue
+        d1 = o.shard_dim(1)
+        swapped = dims.out_dim(o.index, d0) == col_dim and dims.out_dim(o.index, d1) == row_dim
+        if swapped and o.sizes[0] == rows and o.sizes[1] == columns:
+            decision.mirrored[o.index] = (d1, d0)
+            for m in (0, 1):
+                conflicts[m] = [c for c in conflicts[m] if c[0].index != o.index]
 
 
 # -- running it ------------------------------------------------------------------------------
@@ -410,6 +439,9 @@ def _prepare(
     partial = tuple(m for m in range(mesh.ndim) if o.is_partial(m))
     if partial:
         local = SumToReplicate.apply(local, mesh, partial)
+    if o.index in decision.mirrored:
+        a, b = decision.mirrored[o.index]
+        return mirror_tile(local, a, b, decision.out[0][1], decision.out[1][1], mesh)
     for m in range(mesh.ndim):
         kind = decision.gather.get((o.index, m))
         if kind is None or mesh.size(m) == 1:
