@@ -23,7 +23,8 @@ for every mesh dim ``m`` (``cp0``, ``cp1``):
   alike along ``m`` is summed locally, then ONE all-reduce over ``m`` (backward: none);
 * a product of two singles sharded along ``cp0`` on different result dims (``q @ k.mT``,
   an outer product) becomes the ``(Shard, Shard)`` pair tile: the second operand is
-  all-gathered over ``cp0`` and cut to column block ``j`` over ``cp1``;
+  all-gathered over ``cp0`` and cut to column block ``j`` over ``cp1``, as is a single
+  that meets a tile on its column dim (``d / period`` broadcast over the columns);
 * a transposed pair tile meeting the tile layout (``z + z.transpose(1, 2)``) is moved to
   it piece by piece (:mod:`physicsnemo_foldcp.ops.mirror`), about one tile per rank.
 
@@ -329,9 +330,11 @@ def _decide(ops: list[Operand], dims: DimMap | None, mesh: DeviceMesh) -> _Decis
             decision.gather[(o.index, m)] = events.FALLBACK
             decision.reasons[(o.index, m)] = f"the op reads along its sharded dim {d}"
         # A result dim can be sharded over one mesh dim only: the first operand dim
-        # that maps to a result dim no other mesh dim shards sets the layout.
+        # that maps to a result dim no other mesh dim shards sets the layout (an operand
+        # sharded over more mesh dims, a pair tile, before a single).
         claimed = {od for od, _ in decision.out.values()}
         free = [(o, d, od) for o, d, od in kept if od not in claimed]
+        free.sort(key=lambda c: -len(c[0].sizes))
         if kept:
             conflicts[m] = list(kept)
         if free:
@@ -345,6 +348,7 @@ def _decide(ops: list[Operand], dims: DimMap | None, mesh: DeviceMesh) -> _Decis
             ]
     _promote_tile(decision, conflicts, mesh)
     _mirror_transposed_tiles(decision, conflicts, dims)
+    _singles_as_columns(decision, conflicts, dims)
     for m, rest in conflicts.items():
         for o, d, _ in rest:
             decision.gather[(o.index, m)] = events.FALLBACK
@@ -400,6 +404,26 @@ def _mirror_transposed_tiles(decision: _Decision, conflicts: dict, dims: DimMap 
             decision.mirrored[o.index] = (d1, d0)
             for m in (0, 1):
                 conflicts[m] = [c for c in conflicts[m] if c[0].index != o.index]
+
+
+def _singles_as_columns(decision: _Decision, conflicts: dict, dims: DimMap | None) -> None:
+    """A row-sharded single on the tile's column dim: its column block, as for a tile.
+
+    ``d / period`` with ``d [B, N, N]`` a tile and ``period [B, N]`` broadcast over the
+    columns: the single is all-gathered over ``cp0`` (O(N), the kind :data:`events.TILE`)
+    and cut to column block ``j``.
+    """
+    if dims is None or 1 not in decision.out:
+        return
+    col_dim, columns = decision.out[1]
+    for o, _, od in list(conflicts.get(0, [])):
+        if o.shard_dim(1) is not None or o.is_partial(1) or od != col_dim:
+            continue
+        if sum(o.sizes[0]) != sum(columns):
+            continue
+        decision.gather[(o.index, 0)] = events.TILE
+        decision.reasons[(o.index, 0)] = "columns of the pair tile"
+        conflicts[0] = [c for c in conflicts[0] if c[0].index != o.index]
 
 
 # -- running it ------------------------------------------------------------------------------
@@ -503,9 +527,22 @@ def _result_layout(
     return placements, shapes
 
 
+FLAG_REDUCTIONS = {"any": "max", "all": "min"}
+"""Labels of :attr:`DimMap.summed` for ``any`` / ``all``: combined over the mesh by this op."""
+
+
 def _finish(local: torch.Tensor, decision: _Decision, mesh: DeviceMesh, op: str) -> Any:
     if decision.summed:
-        local = SumToReplicate.apply(local, mesh, tuple(sorted(decision.summed)))
+        mesh_dims = tuple(sorted(decision.summed))
+        labels = {label for label, _ in decision.summed.values()}
+        if labels <= FLAG_REDUCTIONS.keys() and len(labels) == 1:
+            reduce_op = FLAG_REDUCTIONS[labels.pop()]
+            flags = local.to(torch.int32)
+            for m in mesh_dims:
+                flags = all_reduce(flags, mesh, m, op=reduce_op)
+            local = flags.to(local.dtype)
+        else:
+            local = SumToReplicate.apply(local, mesh, mesh_dims)
     for m, (d, sizes) in decision.sliced.items():
         local = SliceBack.apply(local, d, sizes, mesh, m)
     placements, shapes = _result_layout(local, decision, mesh, op)

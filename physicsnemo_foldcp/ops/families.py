@@ -91,7 +91,8 @@ def reduction(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Reductions over ``dim`` (sum, mean, amax, prod, all, argmax, std, max/min with dim).
 
     A sum or mean over a sharded dim is computed locally and summed over the mesh dim
-    (ONE all-reduce; the result is replicated there, never ``Partial``).
+    (ONE all-reduce; the result is replicated there, never ``Partial``); ``any`` / ``all``
+    likewise, combined with a max / min all-reduce.
     """
     if "out" in kwargs:
         return NotImplemented
@@ -109,9 +110,10 @@ def reduction(func: Callable, args: tuple, kwargs: dict) -> Any:
             return None
         return d if keepdim else d - sum(1 for r in reduced if r < d)
 
+    label = "sum" if name in SUM_LIKE else name if name in blockwise.FLAG_REDUCTIONS else None
     summed = (
-        (lambda k, d: "sum" if k == 0 and d in reduced else None)
-        if name in SUM_LIKE
+        (lambda k, d: label if k == 0 and d in reduced else None)
+        if label is not None
         else (lambda k, d: None)
     )
     extra: dict[str, Any] = {}

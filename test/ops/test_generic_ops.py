@@ -122,6 +122,8 @@ ZOO = {
     "layer_norm": lambda s, z: torch.nn.functional.layer_norm(z, (4,)),
     "cumsum tokens": lambda s, z: s.cumsum(1),
     "transpose pair": lambda s, z: z.transpose(1, 2) * z,
+    "pair over a single on its columns": lambda s, z: z / (s.abs() + 1),
+    "single first, times a pair": lambda s, z: (s + 2) * z,
 }
 
 
@@ -154,4 +156,42 @@ def test_generic_op_zoo_matches_serial_with_gradients(fold_mesh):
                 continue
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             close(grad, layout.local(serial.grad, axes), f"{name}: grad {label}", problems)
+    collective_assert(not problems, "; ".join(problems))
+
+
+FLAGS = {
+    "any over all": lambda s, z: torch.any(z > 2.0),
+    "all over all": lambda s, z: (s > -2.5).all(),
+    "any over pair columns": lambda s, z: torch.any(z > 1.5, dim=2),
+    "all over pair rows": lambda s, z: (z > -1.5).all(dim=1),
+    "any over tokens, keepdim": lambda s, z: torch.any(s > 1.0, dim=1, keepdim=True),
+}
+
+
+@pytest.mark.parametrize("fold_mesh", GENERIC_MESHES, indirect=True, ids=str)
+def test_any_and_all_over_sharded_dims_reduce_without_gathering(fold_mesh):
+    """``any`` / ``all`` over sharded dims: local, then a max / min all-reduce."""
+    from physicsnemo_foldcp.ops import events
+    from physicsnemo_foldcp.testing.layouts import TokenLayout
+
+    n = 11
+    g = torch.Generator().manual_seed(4)
+    s_serial, z_serial = torch.randn(1, n, 4, generator=g), torch.randn(1, n, n, 4, generator=g)
+    layout = TokenLayout(fold_mesh, n)
+    s, _ = layout.shard(s_serial, ("tokens", None))
+    z, _ = layout.shard(z_serial, ("tokens", "tokens", None))
+    problems = []
+    for name, op in FLAGS.items():
+        gathers: list = []
+        with events.observe(gathers.append):
+            out = op(s, z)
+        ref = op(s_serial, z_serial)
+        value = out.full_tensor() if hasattr(out, "full_tensor") else out
+        if value.dtype != torch.bool or not torch.equal(value, ref):
+            problems.append(f"{name}: {value.tolist()} != serial {ref.tolist()}")
+        if gathers:
+            problems.append(f"{name}: gathered {[e.reason for e in gathers]}")
+    # The serial flags take both values, so a constant answer would fail.
+    values = torch.cat([op(s_serial, z_serial).flatten() for op in FLAGS.values()])
+    collective_assert(bool(values.any()) and not bool(values.all()), "flags are all equal")
     collective_assert(not problems, "; ".join(problems))
