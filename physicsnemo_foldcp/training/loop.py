@@ -494,13 +494,18 @@ def _progress(total: int, initial: int, enabled: bool):
 
 
 def _batches(loader: ShardedLoader) -> Iterator[Any]:
-    """Loader items across epochs, without end."""
+    """Loader items across epochs, without end.
+
+    A pass may be empty once: a loader resumed at the end of an epoch only finishes it.
+    """
+    empty = 0
     while True:
         yielded = False
         for item in loader:
             yielded = True
             yield item
-        if not yielded:
+        empty = 0 if yielded else empty + 1
+        if empty > 1:
             raise RuntimeError("the training loader yields no steps (empty dataset?)")
 
 
