@@ -436,8 +436,8 @@ def reshard_loader_state(state: Mapping[str, Any], ddp_size: int) -> tuple[dict,
     An epoch's order is one permutation of the dataset whatever the ``ddp`` size; step
     ``s`` of group ``g`` takes its entry ``s * ddp + g``. ``position`` steps on ``D``
     groups consumed its first ``position * D`` entries, which is position
-    ``position * D // ddp_size`` here: exact when divisible, otherwise the last few samples
-    are seen again (said in the returned note).
+    ``position * D // ddp_size`` here (at most the end of the epoch): exact when divisible,
+    otherwise the last few samples are seen again (said in the returned note).
 
     Parameters
     ----------
@@ -457,7 +457,9 @@ def reshard_loader_state(state: Mapping[str, Any], ddp_size: int) -> tuple[dict,
         return state, None
     old, position = int(signature[2]), int(state["position"])
     consumed = position * old
-    state["position"] = consumed // ddp_size
+    length, remainder = int(signature[1]), signature[5] if len(signature) > 5 else "wrap"
+    steps = length // ddp_size if remainder == "drop" else math.ceil(length / ddp_size)
+    state["position"] = min(consumed // ddp_size, steps)
     signature[2] = ddp_size
     state["signature"] = signature
     note = (
@@ -465,7 +467,7 @@ def reshard_loader_state(state: Mapping[str, Any], ddp_size: int) -> tuple[dict,
         f"samples consumed); with ddp={ddp_size} the epoch continues at step "
         f"{state['position']}"
     )
-    if consumed % ddp_size:
+    if consumed % ddp_size and state["position"] < steps:
         note += f", so {consumed % ddp_size} sample(s) of this epoch are seen again"
     return state, note
 

@@ -166,6 +166,8 @@ def test_the_loader_position_maps_to_another_ddp_size():
     mapped, note = reshard_loader_state(state, 4)
     assert mapped["position"] == 1 and "2 sample(s) of this epoch are seen again" in note
     assert reshard_loader_state(state, 2) == (state, None)
+    end = {"mode": "train", "epoch": 0, "position": 2, "signature": ["train", 3, 2, 0, 1, "wrap"]}
+    assert reshard_loader_state(end, 1)[0]["position"] == 3  # the wrapped step is the end
 
 
 # -- prediction names and atomic writes ----------------------------------------------------------
