@@ -1,12 +1,14 @@
 """Predict distograms over the ddp x cp0 x cp1 mesh (Hydra app, config conf/predict.yaml).
 
-    python examples/predict.py predict.checkpoint=runs/train/checkpoints/step_00000030.pt
+    python examples/predict.py predict.checkpoint=runs/train/checkpoints/step_00000030
     torchrun --standalone --nproc-per-node 4 examples/predict.py mesh.cp=[2,2] \
-        predict.checkpoint=runs/train/checkpoints/step_00000030.pt
+        predict.checkpoint=runs/train/checkpoints/step_00000030
 
-Each domain group predicts its share of the samples; its source rank writes
-<predict.out_dir>/<record_id>.npz holding pdistogram [N, N, bins] (serial token layout),
-the same files whatever the mesh.
+predict.checkpoint is a step_<k>/ directory written by training, on any mesh and wrapper
+(read safely: nothing in it is unpickled as code). Each domain group predicts its share of
+the samples; its source rank writes <predict.out_dir>/<record_id>.npz holding pdistogram
+[N, N, bins] (serial token layout), the same files whatever the mesh. Two record ids that
+map to one file name stop the run before anything is written.
 """
 
 import dataclasses

@@ -7,7 +7,12 @@
 
 The model is the model group's _target_ (the reference model by default). Rank 0 shows the
 progress bar and the losses, writes ${run_dir}/metrics.jsonl (one line per step) and
-${run_dir}/summary.json; checkpoints go to train.checkpoint_dir.
+${run_dir}/summary.json; checkpoints go to train.checkpoint_dir (step_<k>/ directories and
+the run manifest run.json). With the default train.resume=auto, running the same command
+again continues the run from its newest checkpoint; a run_dir holding another run's
+checkpoints is refused unless train.overwrite=true. The
+run is identified by the data, model, optimizer, registry and sharding groups and
+train.{seed,precision,batch_size,loss}.
 """
 
 import dataclasses
@@ -33,6 +38,9 @@ from physicsnemo_foldcp.training.config import (
 warnings.filterwarnings("ignore", message=".*is deprecated")
 warnings.filterwarnings("ignore", message=".*sequential all_reduce operations")
 
+RUN_GROUPS = ("data", "model", "optimizer", "registry", "sharding")
+"""Config groups that identify a run (with train.seed/precision/batch_size/loss)."""
+
 
 @hydra.main(config_path="../conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
@@ -40,6 +48,7 @@ def main(cfg: DictConfig) -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     # Every option is checked here, before any work: keys, types and values.
     conf = typed(TrainAppConfig, cfg, None)
+    config = OmegaConf.to_container(cfg, resolve=True)
     data = data_config(conf.data)
     sharding = sharding_options(conf.sharding)
     mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
@@ -57,7 +66,8 @@ def main(cfg: DictConfig) -> None:
             optimizer=conf.optimizer,
             registry=registry,
             loader_options=loader_options(sharding, num_workers=data.num_workers),
-            extra={"config": OmegaConf.to_container(cfg, resolve=True)},
+            extra={"config": config},
+            run_config={k: config[k] for k in RUN_GROUPS},
         )
         if mesh.rank == 0:
             write_summary(result, Path(conf.run_dir) / "summary.json")

@@ -86,6 +86,10 @@ class SyntheticComplexes(Dataset):
     def __len__(self) -> int:
         return len(self.sizes)
 
+    def record_id(self, index: int) -> str:
+        """The record id of sample ``index`` (without building it)."""
+        return f"synthetic_{index:05d}"
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
@@ -98,7 +102,7 @@ class SyntheticComplexes(Dataset):
                 n_conformers=self.n_conformers,
             )
             out = batched(sample)
-            out["record_id"] = f"synthetic_{index:05d}"
+            out["record_id"] = self.record_id(index)
             self._cache[index] = out
         return dict(self._cache[index])
 

@@ -230,8 +230,52 @@ def all_to_all(
     return _waited(out)
 
 
+# -- torch.distributed.checkpoint metadata ---------------------------------------------------
+
+
+def checkpoint_metadata_globals() -> dict[tuple[str, str], Any]:
+    """The globals a DCP ``.metadata`` file written by ``FileSystemWriter`` refers to.
+
+    Upstream: ``FileSystemWriter.finish`` pickles a ``Metadata`` whose ``storage_data``
+    values are ``torch.distributed.checkpoint.filesystem._StorageInfo``, and each tensor's
+    ``TensorProperties`` pickles its layout through ``torch.serialization._get_layout`` and
+    its memory format through ``TensorProperties``' ``_MEM_FORMAT_ENCODING`` enum (dtypes
+    pickle as ``torch.<name>``, sizes as ``torch.Size``). Relied on: these are the only
+    globals of such a file, and calling them builds plain records (no side effect), so an
+    unpickler that resolves only them reads the metadata and refuses anything else.
+
+    Returns
+    -------
+    dict[tuple[str, str], Any]
+        ``(module, name)`` -> the object it names; dtypes are added by the reader.
+    """
+    from torch.distributed.checkpoint import filesystem, metadata
+    from torch.serialization import _get_layout
+
+    found: dict[tuple[str, str], Any] = {
+        ("torch", "Size"): torch.Size,
+        ("torch.serialization", "_get_layout"): _get_layout,
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): (
+            metadata._MEM_FORMAT_ENCODING
+        ),
+    }
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+    ):
+        found[("torch.distributed.checkpoint.metadata", name)] = getattr(metadata, name)
+    return found
+
+
 __all__ = [
     "UPSTREAM_FALLBACKS",
+    "checkpoint_metadata_globals",
     "all_gather",
     "all_reduce",
     "all_to_all",

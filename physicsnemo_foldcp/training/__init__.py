@@ -1,6 +1,9 @@
 """Training and prediction runs on the ``ddp x cp0 x cp1`` mesh, and model validation.
 
 * :func:`train`: the training loop (DDP / FSDP2 over ``ddp``, checkpoints, exact resume).
+* :mod:`~physicsnemo_foldcp.training.checkpoint`: sharded DCP checkpoints, read without
+  unpickling arbitrary objects; :mod:`~physicsnemo_foldcp.training.rundir`: which run a
+  directory belongs to (``train.resume=auto``, ``train.overwrite``).
 * :func:`predict`: distograms of a dataset, written in the serial layout.
 * :func:`validate_model`: serial vs distributed comparison of your own model.
 * :func:`compile_model`: whole-model or regional ``torch.compile`` by CP shape.
@@ -30,11 +33,13 @@ from physicsnemo_foldcp.training.loop import (
     write_summary,
 )
 from physicsnemo_foldcp.training.predict import (
+    OutputNameError,
     PredictionResult,
     predict,
     read_distogram,
     serial_distogram,
 )
+from physicsnemo_foldcp.training.rundir import RunDirectoryError
 from physicsnemo_foldcp.training.validate import ValidationReport, validate_model
 
 __all__ = [
@@ -42,7 +47,9 @@ __all__ = [
     "BatchedFiles",
     "CheckpointError",
     "OptimizerSettings",
+    "OutputNameError",
     "PredictionResult",
+    "RunDirectoryError",
     "SyntheticComplexes",
     "TrainResult",
     "TrainSettings",

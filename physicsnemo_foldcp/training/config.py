@@ -212,11 +212,13 @@ class PredictConfig:
     Attributes
     ----------
     checkpoint : str or None
-        A training checkpoint; ``None``: the model as initialised from ``seed``.
+        A training checkpoint directory (``<checkpoint_dir>/step_<k>``, from any mesh
+        and wrapper); ``None``: the model as initialised from ``seed``.
     seed : int
         Seed of the model's initialisation.
     out_dir : str
-        Directory of the ``<record_id>.npz`` distograms.
+        Directory of the ``<record_id>.npz`` distograms (one file per record id; ids
+        that map to one file name are refused before anything is written).
     precision : {"fp32", "tf32", "bf16"}
         Numerics of the forward pass (see :func:`~physicsnemo_foldcp.training.predict`).
     """

@@ -41,11 +41,8 @@ from physicsnemo_foldcp.distributed.wrappers import (
     wrap_model,
 )
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.training.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from physicsnemo_foldcp.training.atomic import write_text_atomic
+from physicsnemo_foldcp.training.checkpoint import load_checkpoint, save_checkpoint
 from physicsnemo_foldcp.training.compile import (
     COMPILE_MODES,
     compile_model,
@@ -54,6 +51,7 @@ from physicsnemo_foldcp.training.compile import (
     resolve_compile_mode,
 )
 from physicsnemo_foldcp.training.hooks import LossFn, model_loss, module_types
+from physicsnemo_foldcp.training.rundir import RESUME_MODES, decide, fingerprint, prepare_run
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
@@ -125,10 +123,19 @@ class TrainSettings:
     checkpoint_every : int
         Write a checkpoint every this many steps (0: only at the end).
     checkpoint_dir : str or None
-        Where checkpoints go; ``None`` writes none.
+        Where checkpoints go (``step_<k>/`` directories and the run manifest ``run.json``);
+        ``None`` writes none.
     resume : str or None
-        A checkpoint file, ``"latest"`` (the newest in ``checkpoint_dir``, if any), or
-        ``None`` to start from scratch.
+        ``"auto"``: continue this run from the newest checkpoint in ``checkpoint_dir``
+        when the directory's manifest is this run's (a restarted job continues), start
+        from scratch when there is none, refuse another run's checkpoints;
+        ``"latest"``: the newest checkpoint in ``checkpoint_dir`` whatever run wrote it
+        (from scratch if none); a checkpoint directory ``step_<k>/``; ``None``: from
+        scratch, refusing a ``checkpoint_dir`` that holds checkpoints. See
+        :mod:`~physicsnemo_foldcp.training.rundir` for how a run is identified.
+    overwrite : bool
+        Delete the checkpoints and metrics in the run's directories that ``resume``
+        would not continue from, instead of refusing to start.
     compile : {"none", "auto", "whole", "regional"}
         See :mod:`~physicsnemo_foldcp.training.compile` (``regional`` needs ``ddp == 1``).
     compile_backend : str
@@ -139,8 +146,8 @@ class TrainSettings:
     progress : bool
         Show a progress bar on rank 0.
     metrics_file : str or None
-        Rank 0 writes one JSON line per step (step, loss, seconds) to this file (a
-        resumed run appends to it).
+        Rank 0 writes one JSON line per step (step, loss, seconds) to this file; a
+        resumed run first drops the lines of steps after the resumed one, then appends.
     fsdp_units, compile_regions : list[str] or None
         Class paths (or classes) of the submodules FSDP2 shards one by one and regional
         compile compiles; ``None``: the model class's ``fsdp_units`` /
@@ -163,7 +170,8 @@ class TrainSettings:
     log_every: int = 10
     checkpoint_every: int = 10
     checkpoint_dir: str | None = None
-    resume: str | None = None
+    resume: str | None = "auto"
+    overwrite: bool = False
     compile: str = "none"
     compile_backend: str = "inductor"
     batch_size: int = 1
@@ -355,6 +363,115 @@ def forward_backward(
     return loss.detach()
 
 
+RESTART_FIELDS = (
+    "steps",
+    "wrapper",
+    "log_every",
+    "checkpoint_every",
+    "checkpoint_dir",
+    "resume",
+    "overwrite",
+    "compile",
+    "compile_backend",
+    "progress",
+    "metrics_file",
+    "fsdp_units",
+    "compile_regions",
+)
+"""``TrainSettings`` fields a restarted run may change: not part of its fingerprint."""
+
+
+def plain_values(value: Any) -> Any:
+    """``value`` with every non-JSON leaf (a class, a path) replaced by its name."""
+
+    def name(leaf: Any) -> str:
+        if isinstance(leaf, type):
+            return f"{leaf.__module__}.{leaf.__qualname__}"
+        return str(leaf)
+
+    return json.loads(json.dumps(value, default=name))
+
+
+def run_identity(
+    model: nn.Module,
+    dataset: Any,
+    settings: TrainSettings,
+    optimizer: OptimizerSettings,
+    run_config: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """What identifies a run (hashed into its fingerprint, see ``training.rundir``).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The serial model (its class and parameter names and shapes).
+    dataset : Any
+        The dataset (its type and length).
+    settings : TrainSettings
+        All fields but :data:`RESTART_FIELDS`.
+    optimizer : OptimizerSettings
+        All fields.
+    run_config : Mapping, optional
+        Further configuration from the caller.
+    """
+    kind = type(model)
+    return plain_values(
+        {
+            "train": {k: v for k, v in asdict(settings).items() if k not in RESTART_FIELDS},
+            "optimizer": asdict(optimizer),
+            "model": f"{kind.__module__}.{kind.__qualname__}",
+            "parameters": {n: list(p.shape) for n, p in model.named_parameters()},
+            "dataset": [
+                type(dataset).__name__,
+                len(dataset) if hasattr(dataset, "__len__") else None,
+            ],
+            "config": dict(run_config or {}),
+        }
+    )
+
+
+def reshard_loader_state(state: Mapping[str, Any], ddp_size: int) -> tuple[dict, str | None]:
+    """A training loader state taken with another ``ddp`` size, mapped to ``ddp_size``.
+
+    An epoch's order is one permutation of the dataset whatever the ``ddp`` size; step
+    ``s`` of group ``g`` takes its entry ``s * ddp + g``. ``position`` steps on ``D``
+    groups consumed its first ``position * D`` entries, which is position
+    ``position * D // ddp_size`` here (at most the end of the epoch): exact when divisible,
+    otherwise the last few samples are seen again (said in the returned note).
+
+    Parameters
+    ----------
+    state : Mapping
+        ``ShardedLoader.state_dict()`` from a checkpoint.
+    ddp_size : int
+        This run's ``ddp`` size.
+
+    Returns
+    -------
+    tuple[dict, str or None]
+        The state to load, and what changed (``None`` when nothing did).
+    """
+    state = dict(state)
+    signature = list(state.get("signature", ()))
+    if state.get("mode") != "train" or len(signature) < 3 or signature[2] == ddp_size:
+        return state, None
+    old, position = int(signature[2]), int(state["position"])
+    consumed = position * old
+    length, remainder = int(signature[1]), signature[5] if len(signature) > 5 else "wrap"
+    steps = length // ddp_size if remainder == "drop" else math.ceil(length / ddp_size)
+    state["position"] = min(consumed // ddp_size, steps)
+    signature[2] = ddp_size
+    state["signature"] = signature
+    note = (
+        f"the loader state was taken with ddp={old} (epoch {state['epoch']}, {consumed} "
+        f"samples consumed); with ddp={ddp_size} the epoch continues at step "
+        f"{state['position']}"
+    )
+    if consumed % ddp_size and state["position"] < steps:
+        note += f", so {consumed % ddp_size} sample(s) of this epoch are seen again"
+    return state, note
+
+
 def _mean_over_ddp(value: float, mesh: FoldMesh) -> float:
     if mesh.ddp_size == 1:
         return value
@@ -379,13 +496,18 @@ def _progress(total: int, initial: int, enabled: bool):
 
 
 def _batches(loader: ShardedLoader) -> Iterator[Any]:
-    """Loader items across epochs, without end."""
+    """Loader items across epochs, without end.
+
+    A pass may be empty once: a loader resumed at the end of an epoch only finishes it.
+    """
+    empty = 0
     while True:
         yielded = False
         for item in loader:
             yielded = True
             yield item
-        if not yielded:
+        empty = 0 if yielded else empty + 1
+        if empty > 1:
             raise RuntimeError("the training loader yields no steps (empty dataset?)")
 
 
@@ -400,6 +522,7 @@ def train(
     registry: FeatureRegistry | None = None,
     loader_options: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    run_config: Mapping[str, Any] | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``dataset`` over the mesh (call on every rank).
 
@@ -426,7 +549,11 @@ def train(
         Further :class:`~physicsnemo_foldcp.data.ShardedLoader` arguments
         (``token_multiple``, ``atom_multiple``, ``num_workers``, ``scatter_options``...).
     extra : Mapping, optional
-        Stored in every checkpoint (e.g. the run's configuration).
+        Stored in every checkpoint (e.g. the run's configuration): plain data only.
+    run_config : Mapping, optional
+        Configuration that identifies the run besides ``settings``, ``optimizer``, the
+        model's parameter shapes and the dataset (e.g. the data and model options); it is
+        hashed into the run's fingerprint (:mod:`~physicsnemo_foldcp.training.rundir`).
 
     Returns
     -------
@@ -437,6 +564,11 @@ def train(
     ------
     BatchSizeError
         Before any work, when ``settings.batch_size != 1``.
+    RunDirectoryError
+        Before any work, when ``checkpoint_dir`` or ``metrics_file`` hold another run's
+        outputs and ``settings.overwrite`` is off.
+    CheckpointError
+        When the checkpoint to resume from is not one, is unsafe, or does not fit.
 
     Notes
     -----
@@ -458,6 +590,12 @@ def train(
             "would reduce before they are summed over the domain group; use compile=none"
         )
     opt_settings = optimizer or OptimizerSettings()
+    identity = run_identity(model, dataset, settings, opt_settings, run_config)
+    run_id = fingerprint(identity)
+    plan = decide(
+        settings.checkpoint_dir, settings.metrics_file, run_id, settings.resume, settings.overwrite
+    )
+    prepare_run(plan, settings.checkpoint_dir, settings.metrics_file, run_id, identity)
     set_precision(settings.precision)
     rank0 = mesh.rank == 0
 
@@ -477,24 +615,25 @@ def train(
     )
 
     start_step = 0
-    resume = settings.resume
-    if resume == "latest":
-        found = latest_checkpoint(settings.checkpoint_dir)  # type: ignore[arg-type]
-        resume = str(found) if found is not None else None
-        if found is None and rank0:
-            logger.info("no checkpoint in %s: starting from scratch", settings.checkpoint_dir)
+    resume = plan.resume
+    if resume is None and rank0 and settings.resume in RESUME_MODES and settings.checkpoint_dir:
+        logger.info("no checkpoint in %s: starting from scratch", settings.checkpoint_dir)
     if resume:
-        state = load_checkpoint(resume, wrapped, opt)
+        state = load_checkpoint(resume, wrapped, opt, mesh=mesh)
         start_step = int(state["step"])
         if state.get("loader") is not None:
-            loader.load_state_dict(state["loader"])
+            loader_state, note = reshard_loader_state(state["loader"], mesh.ddp_size)
+            if note and rank0:
+                logger.warning("resuming %s: %s", resume, note)
+            loader.load_state_dict(loader_state)
         if rank0:
             logger.info("resumed from %s at step %d", resume, start_step)
+    stored_settings = plain_values(asdict(settings))
 
     metrics = None
     if rank0 and settings.metrics_file:
         Path(settings.metrics_file).parent.mkdir(parents=True, exist_ok=True)
-        metrics = open(settings.metrics_file, "a" if resume else "w")  # noqa: SIM115
+        metrics = open(settings.metrics_file, "a")  # noqa: SIM115 - trimmed by prepare_run
 
     losses: list[float] = []
     indices: list[int] = []
@@ -546,7 +685,7 @@ def train(
                     opt,
                     mesh,
                     loader_state=loader.state_dict(),
-                    extra={**dict(extra or {}), "settings": asdict(settings)},
+                    extra={**dict(extra or {}), "settings": stored_settings},
                 )
                 checkpoints.append(str(path))
             if done:
@@ -584,13 +723,13 @@ def write_summary(result: TrainResult, path: str | os.PathLike) -> None:
         "peak_memory_bytes": result.peak_memory,
         "checkpoints": result.checkpoints,
     }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(payload, indent=2))
+    write_text_atomic(path, json.dumps(payload, indent=2))
 
 
 __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
+    "RESTART_FIELDS",
     "BatchSizeError",
     "OptimizerSettings",
     "TrainResult",
@@ -601,6 +740,9 @@ __all__ = [
     "forward_backward",
     "loss_value",
     "peak_memory_bytes",
+    "plain_values",
+    "reshard_loader_state",
+    "run_identity",
     "set_precision",
     "train",
     "write_summary",

@@ -7,6 +7,14 @@ is gathered over the domain group, mapped back from the padded to the serial tok
 and written by the group's source rank to ``<out_dir>/<record_id>.npz`` as
 ``pdistogram`` (``[N, N, bins]`` float32 logits, serial layout) with ``record_id``. The file
 is the same whatever the mesh: a serial prediction writes it too.
+
+File names are planned before anything is written (:func:`output_names`): from
+``dataset.record_id(index)`` when the dataset has that method, otherwise from each sample's
+``record_id`` (rank 0 reads every sample once for it). A record id is made file-safe
+(characters other than letters, digits, ``.``, ``_`` and ``-`` become ``_``), so two ids
+such as ``a/b`` and ``a_b`` would share a file: that, or two samples with one id, is an
+:class:`OutputNameError` naming both, raised on every rank before any file is written. Each
+file is written under a temporary name and moved into place.
 """
 
 from __future__ import annotations
@@ -14,13 +22,14 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from physicsnemo.domain_parallel import ShardTensor
 from torch import nn
 
@@ -30,11 +39,16 @@ from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import TOKENS
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
+from physicsnemo_foldcp.training.atomic import write_atomic
 from physicsnemo_foldcp.training.loop import autocast, check_batch, set_precision
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class OutputNameError(ValueError):
+    """Two samples would write the same prediction file; nothing was written."""
 
 
 @dataclass
@@ -63,6 +77,56 @@ def output_name(record_id: Any, index: int) -> str:
     return _SAFE.sub("_", str(record_id)) + ".npz"
 
 
+def dataset_record_ids(dataset: Any) -> list[Any]:
+    """The record id of every sample: ``dataset.record_id(i)``, else ``dataset[i]["record_id"]``."""
+    if callable(getattr(dataset, "record_id", None)):
+        return [dataset.record_id(i) for i in range(len(dataset))]
+    ids = []
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        ids.append(sample.get("record_id") if isinstance(sample, dict) else None)
+    return ids
+
+
+def output_names(record_ids: Sequence[Any]) -> list[str]:
+    """The file name of every sample (by index), each used once.
+
+    Raises
+    ------
+    OutputNameError
+        When two samples get the same name (the same id, or ids equal once made
+        file-safe, such as ``a/b`` and ``a_b``), naming both.
+    """
+    names = [output_name(r, i) for i, r in enumerate(record_ids)]
+    first: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in first:
+            j = first[name]
+            raise OutputNameError(
+                f"samples {j} (record id {record_ids[j]!r}) and {i} (record id "
+                f"{record_ids[i]!r}) would both be written to {name}: record ids must stay "
+                "distinct once made file-safe; nothing was written"
+            )
+        first[name] = i
+    return names
+
+
+def _planned_names(dataset: Any, mesh: FoldMesh) -> list[str]:
+    """:func:`output_names` decided on rank 0, the same names or error on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return output_names(dataset_record_ids(dataset))
+    box: list[Any] = [None]
+    if mesh.rank == 0:
+        try:
+            box[0] = output_names(dataset_record_ids(dataset))
+        except OutputNameError as err:
+            box[0] = err
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
 def serial_distogram(pdistogram: torch.Tensor, features: Mapping[str, Any]) -> torch.Tensor:
     """The distogram of one sample in the serial token layout, ``[N, N, bins]`` float32.
 
@@ -86,13 +150,13 @@ def serial_distogram(pdistogram: torch.Tensor, features: Mapping[str, Any]) -> t
 
 
 def write_distogram(path: str | os.PathLike, distogram: torch.Tensor, record_id: Any) -> Path:
-    """Write ``{"pdistogram": [N, N, bins] float32, "record_id": str}`` as ``.npz``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, pdistogram=distogram.numpy(), record_id=np.array(str(record_id)))
-    os.replace(tmp, path)
-    return path
+    """Write ``{"pdistogram": [N, N, bins] float32, "record_id": str}`` as ``.npz`` (atomically)."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, pdistogram=distogram.numpy(), record_id=np.array(str(record_id)))
+
+    return write_atomic(path, write)
 
 
 def read_distogram(path: str | os.PathLike) -> torch.Tensor:
@@ -139,7 +203,13 @@ def predict(
     -------
     PredictionResult
         Files written by this rank, indices predicted, samples skipped.
+
+    Raises
+    ------
+    OutputNameError
+        Before anything is written, when two samples would write the same file.
     """
+    names = _planned_names(dataset, mesh)
     set_precision(precision)
     model = model.to(mesh.device)
     sync_over_domain(model, mesh)
@@ -161,7 +231,7 @@ def predict(
         distogram = serial_distogram(outputs[output_key], features)
         result.indices.append(int(item.index))
         if mesh.is_domain_source:
-            name = output_name(item.record_id, int(item.index))
+            name = names[int(item.index)]
             path = write_distogram(Path(out_dir) / name, distogram, item.record_id or item.index)
             result.files.append(str(path))
     if mesh.rank == 0:
@@ -170,8 +240,11 @@ def predict(
 
 
 __all__ = [
+    "OutputNameError",
     "PredictionResult",
+    "dataset_record_ids",
     "output_name",
+    "output_names",
     "predict",
     "read_distogram",
     "serial_distogram",

@@ -187,3 +187,31 @@ def test_all_to_all_exchanges_uneven_and_empty_pieces(fold_mesh):
     collective_assert(
         torch.equal(got, expected) and counts == 1, f"got {got}, {counts} collectives counted"
     )
+
+
+def test_checkpoint_metadata_refers_only_to_the_allowed_globals(tmp_path):
+    """DCP's .metadata of a sharded-style save names only what the safe reader allows."""
+    import pickle
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from physicsnemo_foldcp.training.safe_dcp import PATH_GLOBALS, read_metadata
+
+    state = {"model": {"w": torch.ones(3, 2), "b": torch.zeros(2, dtype=torch.bfloat16)}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(state, checkpoint_id=str(tmp_path))
+    seen = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            seen.add((module, name))
+            return super().find_class(module, name)
+
+    with open(tmp_path / ".metadata", "rb") as f:
+        Recording(f).load()
+    allowed = set(compat.checkpoint_metadata_globals()) | set(PATH_GLOBALS)
+    dtypes = {("torch", "float32"), ("torch", "bfloat16")}
+    assert seen - dtypes <= allowed, seen - dtypes - allowed
+    assert set(read_metadata(tmp_path).state_dict_metadata) == {"model.w", "model.b"}

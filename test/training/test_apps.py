@@ -1,4 +1,4 @@
-"""The Hydra apps end to end: train on 4 ranks, resume, compile on 1 process, predict, refuse.
+"""The Hydra apps end to end: train on 4 ranks, resume, restart, compile, predict, refuse.
 
 Each test launches ``examples/train.py`` / ``examples/predict.py`` as a subprocess (one
 process, or 4 with ``torchrun``) with their default configuration, in a temporary run dir.
@@ -6,6 +6,8 @@ process, or 4 with ``torchrun``) with their default configuration, in a temporar
 
 import json
 import os
+import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,15 +18,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from physicsnemo_foldcp.training import read_distogram
-from physicsnemo_foldcp.training.checkpoint import checkpoint_path
+from physicsnemo_foldcp.training.checkpoint import checkpoint_path, load_checkpoint
 from physicsnemo_foldcp.training.config import build_dataset, build_model
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 900
 
 
-def launch(script, overrides, ranks=1):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
+def launch(script, overrides, ranks=1, *, env=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1", **(env or {})}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     cmd = [sys.executable]
@@ -64,7 +67,8 @@ def test_training_on_4_ranks_lowers_the_loss(trained):
     assert summary["end_step"] == 30 and summary["steps_per_s"] > 0
     assert len(summary["peak_memory_bytes"]) == 4 and min(summary["peak_memory_bytes"]) > 0
     assert "peak memory per rank" in proc.stdout + proc.stderr
-    assert checkpoint_path(run_dir / "checkpoints", 30).is_file()
+    assert checkpoint_path(run_dir / "checkpoints", 30).is_dir()
+    assert json.loads((run_dir / "checkpoints" / "run.json").read_text())["fingerprint"]
 
 
 def test_resume_on_4_ranks_continues_with_the_same_losses(trained, tmp_path):
@@ -116,7 +120,7 @@ def test_prediction_on_4_ranks_writes_the_serial_distograms(trained, tmp_path):
         cfg = OmegaConf.to_container(compose(config_name="predict"), resolve=True)
     dataset = build_dataset(cfg["data"])
     model = build_model(cfg["model"], 0)
-    model.load_state_dict(torch.load(checkpoint, weights_only=False)["model"])
+    load_checkpoint(checkpoint, model, restore_rng=False)
     assert len(list(out.glob("*.npz"))) == len(dataset) == 4
     with torch.no_grad():
         for index in range(len(dataset)):
@@ -151,3 +155,80 @@ def test_an_unknown_or_bad_option_stops_before_any_work(tmp_path):
         assert proc.returncode != 0
         assert message in proc.stderr, tail(proc)
         assert not (tmp_path / "z").exists()
+
+
+class CreatesMarker:
+    """Unpickling this object creates the file ``path``."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+@pytest.mark.parametrize("script", ["train.py", "predict.py"])
+def test_a_crafted_checkpoint_is_refused_by_resume_and_predict(trained, tmp_path, script):
+    """A pickle file, and a real checkpoint whose .metadata was replaced: nothing is run."""
+    run_dir, _ = trained
+    marker = tmp_path / "marker"
+    evil_file = tmp_path / "step_00000030.pt"
+    evil_file.write_bytes(pickle.dumps({"model": CreatesMarker(marker)}))
+    evil_dir = tmp_path / "step_00000030"
+    shutil.copytree(checkpoint_path(run_dir / "checkpoints", 30), evil_dir)
+    (evil_dir / ".metadata").write_bytes(pickle.dumps(CreatesMarker(marker)))
+    for target, message in (
+        (evil_file, "is a file, not a checkpoint"),
+        (evil_dir, "refers to pathlib.Path.touch"),
+    ):
+        if script == "train.py":
+            overrides = [f"train.resume={target}", f"run_dir={tmp_path / 'r'}"]
+        else:
+            overrides = [f"predict.checkpoint={target}", f"predict.out_dir={tmp_path / 'p'}"]
+        proc = launch(script, overrides)
+        assert proc.returncode != 0
+        assert "CheckpointError" in proc.stderr and message in proc.stderr, tail(proc)
+        assert not marker.exists()
+        assert not list((tmp_path / "p").glob("*.npz")) if (tmp_path / "p").exists() else True
+
+
+def test_another_run_in_the_run_dir_is_refused(trained):
+    run_dir, _ = trained
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    proc = launch("train.py", [f"run_dir={run_dir}", "train.seed=1", "train.progress=false"])
+    assert proc.returncode != 0
+    message = f"checkpoint directory {run_dir / 'checkpoints'} holds 6 checkpoint(s), steps 5,"
+    assert message in proc.stderr and "train.overwrite=true" in proc.stderr, tail(proc)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+
+
+def test_running_a_failed_job_again_continues_the_run(trained, tmp_path):
+    """The job fails at step 13; the same command again resumes at step 10 (resume=auto).
+
+    The losses are those of the uninterrupted run and each step is logged once.
+    """
+    run_dir, _ = trained
+    restarted = tmp_path / "r"
+    overrides = [
+        "mesh.cp=[2,2]",
+        f"run_dir={restarted}",
+        "train.progress=false",
+        "train.steps=15",
+        "train.checkpoint_every=5",
+        "model._target_=crashing_model.CrashOnce",
+    ]
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "FOLDCP_TEST_CRASH_AT": "13",
+        "FOLDCP_TEST_CRASH_MARKER": str(tmp_path / "crashed"),
+    }
+    failed = launch("train.py", overrides, 4, env=env)
+    assert failed.returncode != 0 and "injected failure at step 13" in failed.stderr, tail(failed)
+    proc = launch("train.py", overrides, 4, env=env)
+    assert proc.returncode == 0, tail(proc)
+    assert "resumed from" in proc.stdout + proc.stderr and "step 10" in proc.stdout + proc.stderr
+    lines = (restarted / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines]
+    assert steps == list(range(1, 16)), steps
+    straight, again = losses(run_dir), losses(restarted)
+    assert [again[s] for s in range(1, 16)] == [straight[s] for s in range(1, 16)]

@@ -87,6 +87,7 @@ def test_default_configs_compose():
     cfg = config("train")
     settings = train_settings(cfg["train"])
     assert settings.steps == 30 and settings.wrapper == "auto" and settings.batch_size == 1
+    assert settings.resume == "auto" and settings.overwrite is False
     assert settings.checkpoint_dir == "runs/train/checkpoints"
     assert settings.metrics_file == "runs/train/metrics.jsonl"
     assert optimizer_settings(cfg["optimizer"]).name == "adamw"

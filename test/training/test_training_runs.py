@@ -1,6 +1,10 @@
 """In-process training, resume, prediction and batch checks on the mesh."""
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,6 +31,8 @@ from physicsnemo_foldcp.training import (
     train,
 )
 from physicsnemo_foldcp.training.checkpoint import checkpoint_path
+from physicsnemo_foldcp.training.predict import OutputNameError
+from physicsnemo_foldcp.training.rundir import RunDirectoryError
 
 pytestmark = pytest.mark.multigpu_static
 
@@ -239,3 +245,154 @@ def test_prediction_writes_the_serial_distograms(fold_mesh, shared_dir):
     if len(every) != len(dataset) or len(set(every)) != len(dataset):
         problems.append(f"files written {every}: each sample must be written once")
     collective_assert(not problems, "; ".join(problems[:5]))
+
+
+class OneComplex(SyntheticComplexes):
+    """Every index is the same complex, so any ddp size averages equal gradients."""
+
+    def __getitem__(self, index):
+        sample = super().__getitem__(0)
+        sample["record_id"] = self.record_id(index)
+        return sample
+
+
+SINGLE_PROCESS_RESUME = """
+import json, sys, torch
+import physicsnemo_foldcp as fc
+from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel
+from physicsnemo_foldcp.training import OptimizerSettings, SyntheticComplexes, TrainSettings, train
+
+class OneComplex(SyntheticComplexes):
+    def __getitem__(self, index):
+        return super().__getitem__(0)
+
+mesh = fc.init_mesh(cp=(1, 1))
+torch.manual_seed(99)
+model = ReferenceFoldModel(ModelConfig(c_atom=8, c_token=16, c_pair=8, n_blocks=1, n_heads=2))
+settings = TrainSettings(steps=4, seed=2, progress=False, log_every=0, resume=sys.argv[1])
+result = train(model, mesh, OneComplex(4, 9, 15, seed=3, msa_rows=2), settings,
+               optimizer=OptimizerSettings(lr=1e-2))
+print("LOSSES", json.dumps(result.losses))
+fc.shutdown()
+"""
+
+
+def resume_on_one_process(checkpoint):
+    """Losses of a one-process run resumed from ``checkpoint`` (or the error, as text)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for var in list(env):
+        if var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"):
+            env.pop(var)
+        elif var.startswith(("TORCHELASTIC", "LOCAL_WORLD", "ROLE_", "GROUP_WORLD")):
+            env.pop(var)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", SINGLE_PROCESS_RESUME, str(checkpoint)],
+            capture_output=True,
+            text=True,
+            timeout=150,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return "the one-process resume did not finish in 150 s"
+    for line in proc.stdout.splitlines():
+        if line.startswith("LOSSES "):
+            return json.loads(line[len("LOSSES ") :])
+    return f"rc={proc.returncode}: {proc.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("fold_mesh", [(2, 1, 2)], indirect=True, ids=mesh_id)
+def test_an_fsdp2_checkpoint_resumes_on_another_mesh_and_one_process(
+    fold_mesh, fold_mesh_factory, shared_dir
+):
+    """Sharded FSDP2 state saved on (2,1,2) resumes on (1,2,2) and on 1 process: same losses.
+
+    Every sample is the same complex, so the mean over 2 replicas equals one replica's
+    loss and gradient; the next two losses check the parameters (step 3) and the AdamW
+    moments (step 4), to the fp32 noise of another CP reduction order.
+    """
+    dataset = OneComplex(4, 9, 15, seed=3, msa_rows=2)
+    opt = OptimizerSettings(lr=1e-2)
+    common = dict(steps=4, seed=2, progress=False, log_every=0)
+    straight = train(
+        fresh_model(),
+        fold_mesh,
+        dataset,
+        TrainSettings(
+            wrapper="fsdp2", checkpoint_every=2, checkpoint_dir=str(shared_dir / "a"), **common
+        ),
+        optimizer=opt,
+    )
+    start = checkpoint_path(shared_dir / "a", 2)
+    on_cp = train(
+        fresh_model(seed=99),
+        fold_mesh_factory(1, 2, 2),
+        dataset,
+        TrainSettings(resume=str(start), **common),
+        optimizer=opt,
+    )
+    single = [resume_on_one_process(start) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(single, src=0)
+    problems = []
+    files = sorted(p.name for p in start.iterdir())
+    if ".metadata" not in files or len([f for f in files if f.endswith(".distcp")]) < 2:
+        problems.append(f"{start} holds {files}: expected DCP files written by several ranks")
+    expected = torch.tensor(straight.losses[2:])
+    for name, got in (("(1,2,2)", on_cp.losses), ("one process", single[0])):
+        if not isinstance(got, list):
+            problems.append(f"{name}: {got}")
+        elif not torch.allclose(torch.tensor(got), expected, rtol=1e-4, atol=1e-5):
+            problems.append(f"{name} resumed losses {got} != {straight.losses[2:]}")
+    collective_assert(not problems, "; ".join(problems))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+def test_a_run_directory_holds_one_run(fold_mesh, shared_dir):
+    """Another run is refused on every rank; this run resumes by itself, logging each step once."""
+    mesh = fold_mesh
+    dataset = SyntheticComplexes(3, 9, 13, seed=1, msa_rows=2)
+    where = dict(checkpoint_dir=str(shared_dir / "ck"), metrics_file=str(shared_dir / "m.jsonl"))
+    common = dict(seed=2, progress=False, log_every=0, checkpoint_every=1, **where)
+    train(fresh_model(), mesh, dataset, TrainSettings(steps=2, **common))
+    metrics = shared_dir / "m.jsonl"
+    dist.barrier()
+    before = metrics.read_text()
+    problems = []
+    with pytest.raises(RunDirectoryError) as refused:
+        train(fresh_model(), mesh, dataset, TrainSettings(steps=2, **{**common, "seed": 3}))
+    message = str(refused.value)
+    if str(shared_dir / "ck") not in message or "2 checkpoint(s), steps 1, 2" not in message:
+        problems.append(f"the refusal does not name the directory and its contents: {message}")
+    if metrics.read_text() != before or latest_checkpoint(shared_dir / "ck") is None:
+        problems.append("the refused run changed the directory")
+    dist.barrier()
+    if dist.get_rank() == 0:  # a step logged after the last checkpoint, then a crash
+        with open(metrics, "a") as f:
+            f.write(json.dumps({"step": 3, "loss": -1.0, "seconds": 0.0}) + "\n")
+    dist.barrier()
+    again = train(fresh_model(seed=7), mesh, dataset, TrainSettings(steps=4, **common))
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    if again.start_step != 2 or steps != [1, 2, 3, 4]:
+        problems.append(f"auto resume started at {again.start_step}, metrics steps {steps}")
+    if -1.0 in [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]:
+        problems.append("the line of the lost step 3 was kept")
+    dist.barrier()
+    settings = TrainSettings(steps=1, overwrite=True, **{**common, "seed": 3})
+    other = train(fresh_model(), mesh, dataset, settings)
+    dist.barrier()
+    left = sorted(p.name for p in (shared_dir / "ck").iterdir() if p.name.startswith("step_"))
+    if other.start_step != 0 or left != ["step_00000001"]:
+        problems.append(f"overwrite started at {other.start_step} and left {left}")
+    collective_assert(not problems, "; ".join(problems))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+def test_colliding_prediction_names_stop_before_any_file(fold_mesh, shared_dir):
+    class Colliding(SyntheticComplexes):
+        def record_id(self, index):
+            return ["a/b", "x", "a_b"][index]
+
+    with pytest.raises(OutputNameError, match=r"'a/b'.*'a_b'.*a_b.npz"):
+        predict(fresh_model(), fold_mesh, Colliding(3, 9, 12, seed=1), shared_dir / "p")
+    written = list((shared_dir / "p").glob("*")) if (shared_dir / "p").exists() else []
+    collective_assert(not written, f"files written: {written}")
