@@ -29,13 +29,14 @@ from physicsnemo_foldcp.training.config import (
     sharding_options,
     typed,
 )
+from physicsnemo_foldcp.training.logs import setup_logging
 
 warnings.filterwarnings("ignore", message=".*is deprecated")
 
 
 @hydra.main(config_path="../conf", config_name="predict", version_base=None)
 def main(cfg: DictConfig) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging("INFO")
     # Every option is checked here, before any work: keys, types and values.
     conf = typed(PredictAppConfig, cfg, None)
     data = data_config(conf.data)

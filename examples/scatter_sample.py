@@ -9,7 +9,6 @@ How the sample is sharded is the sharding group (ShardingOptions), as for traini
 """
 
 import dataclasses
-import logging
 import warnings
 
 import hydra
@@ -21,13 +20,14 @@ from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.sharding.report import audit_features, sharding_report
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.training.config import ScatterAppConfig, sharding_options, typed
+from physicsnemo_foldcp.training.logs import setup_logging
 
 warnings.filterwarnings("ignore", message=".*all_gather_tensor.* is deprecated")
 
 
 @hydra.main(config_path="../conf", config_name="scatter", version_base=None)
 def main(cfg: DictConfig) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging("INFO")
     conf = typed(ScatterAppConfig, cfg, None)
     options = sharding_options(conf.sharding)
     mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)

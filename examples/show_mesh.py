@@ -5,11 +5,11 @@ torchrun --standalone --nproc-per-node 4 examples/show_mesh.py --cp 2 2
 """
 
 import argparse
-import logging
 
 import torch.distributed as dist
 
 import physicsnemo_foldcp as fc
+from physicsnemo_foldcp.training.logs import setup_logging
 
 
 def main() -> None:
@@ -17,7 +17,7 @@ def main() -> None:
     parser.add_argument("--ddp", type=int, default=-1, help="domain groups (-1: infer)")
     parser.add_argument("--cp", type=int, nargs=2, default=(1, 1), metavar=("CP0", "CP1"))
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging("INFO")
 
     mesh = fc.init_mesh(ddp=args.ddp, cp=tuple(args.cp))
     line = (

@@ -6,13 +6,14 @@
     torchrun --standalone --nproc-per-node 4 examples/train.py mesh.cp=[2,2] train.resume=latest
 
 The model is the model group's _target_ (the reference model by default). Rank 0 shows the
-progress bar and the losses, writes ${run_dir}/metrics.jsonl (one line per step) and
-${run_dir}/summary.json; checkpoints go to train.checkpoint_dir (step_<k>/ directories and
-the run manifest run.json). With the default train.resume=auto, running the same command
-again continues the run from its newest checkpoint; a run_dir holding another run's
-checkpoints is refused unless train.overwrite=true. The
-run is identified by the data, model, optimizer, registry and sharding groups and
-train.{seed,precision,batch_size,loss}.
+progress bar and the losses (console level: logging.level), writes
+${run_dir}/metrics.jsonl (one line per step; also sent to MLflow / W&B with
+logging.mlflow=true or logging.wandb=true) and ${run_dir}/summary.json; checkpoints go to
+train.checkpoint_dir (step_<k>/ directories and the run manifest run.json). With the
+default train.resume=auto, running the same command again continues the run from its
+newest checkpoint; a run_dir holding another run's checkpoints is refused unless
+train.overwrite=true. The run is identified by the data, model, optimizer, registry and
+sharding groups and train.{seed,precision,batch_size,loss}.
 """
 
 import dataclasses
@@ -34,6 +35,7 @@ from physicsnemo_foldcp.training.config import (
     sharding_options,
     typed,
 )
+from physicsnemo_foldcp.training.logs import MetricLogger, setup_logging
 
 warnings.filterwarnings("ignore", message=".*is deprecated")
 warnings.filterwarnings("ignore", message=".*sequential all_reduce operations")
@@ -44,15 +46,17 @@ RUN_GROUPS = ("data", "model", "optimizer", "registry", "sharding")
 
 @hydra.main(config_path="../conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     # Every option is checked here, before any work: keys, types and values.
     conf = typed(TrainAppConfig, cfg, None)
+    setup_logging(conf.logging.level)
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     config = OmegaConf.to_container(cfg, resolve=True)
     data = data_config(conf.data)
     sharding = sharding_options(conf.sharding)
     mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
+    metric_logger = None
     try:
+        metric_logger = MetricLogger(conf.logging, conf.run_dir, config)
         registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
         dataset = build_dataset(data)
         model = build_model(conf.model, conf.train.seed)
@@ -68,10 +72,13 @@ def main(cfg: DictConfig) -> None:
             loader_options=loader_options(sharding, num_workers=data.num_workers),
             extra={"config": config},
             run_config={k: config[k] for k in RUN_GROUPS},
+            metric_logger=metric_logger,
         )
         if mesh.rank == 0:
             write_summary(result, Path(conf.run_dir) / "summary.json")
     finally:
+        if metric_logger is not None:
+            metric_logger.close()
         fc.shutdown()
 
 

@@ -19,6 +19,7 @@ group          schema                           defaults from
 ``predict``    :class:`PredictConfig`           here, ``predict()``'s signature
 ``registry``   :class:`RegistryConfig`          here
 ``sharding``   :data:`SHARDING_SCHEMA`          ``sharding.options.ShardingOptions``
+``logging``    ``logs.LoggingSettings``         itself
 =============  ===============================  ====================================
 
 The apps' root schemas are :class:`TrainAppConfig`, :class:`PredictAppConfig` and
@@ -55,6 +56,7 @@ from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
 from physicsnemo_foldcp.models.reference import ModelConfig
 from physicsnemo_foldcp.sharding.options import ShardingOptions
+from physicsnemo_foldcp.training.logs import LoggingSettings
 from physicsnemo_foldcp.training.loop import OptimizerSettings, TrainSettings
 from physicsnemo_foldcp.training.predict import predict
 
@@ -288,6 +290,7 @@ class TrainAppConfig:
     train: TrainSettings = MISSING
     registry: RegistryConfig = MISSING
     sharding: SHARDING_SCHEMA = MISSING  # type: ignore[valid-type]
+    logging: LoggingSettings = MISSING
     run_dir: str = "runs/train"
 
 
@@ -333,6 +336,7 @@ def register_configs() -> None:
         ("predict", "schema", PredictConfig),
         ("registry", "schema", RegistryConfig),
         ("sharding", "schema", SHARDING_SCHEMA),
+        ("logging", "schema", LoggingSettings),
     ):
         store.store(group=group, name=name, node=node)
     store.store(name="train_app", node=TrainAppConfig)

@@ -51,6 +51,7 @@ from physicsnemo_foldcp.training.compile import (
     resolve_compile_mode,
 )
 from physicsnemo_foldcp.training.hooks import LossFn, model_loss, module_types
+from physicsnemo_foldcp.training.logs import MetricLogger
 from physicsnemo_foldcp.training.rundir import RESUME_MODES, decide, fingerprint, prepare_run
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
@@ -523,6 +524,7 @@ def train(
     loader_options: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
     run_config: Mapping[str, Any] | None = None,
+    metric_logger: MetricLogger | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``dataset`` over the mesh (call on every rank).
 
@@ -554,6 +556,9 @@ def train(
         Configuration that identifies the run besides ``settings``, ``optimizer``, the
         model's parameter shapes and the dataset (e.g. the data and model options); it is
         hashed into the run's fingerprint (:mod:`~physicsnemo_foldcp.training.rundir`).
+    metric_logger : MetricLogger, optional
+        Receives each step's ``loss`` and ``seconds`` (MLflow / W&B, from rank 0), besides
+        ``settings.metrics_file``.
 
     Returns
     -------
@@ -661,10 +666,12 @@ def train(
                 raise FloatingPointError(f"loss is {value} at step {step}")
             losses.append(value)
             indices.append(int(item.index))
+            elapsed = time.perf_counter() - start
             if metrics is not None:
-                elapsed = time.perf_counter() - start
                 metrics.write(json.dumps({"step": step, "loss": value, "seconds": elapsed}) + "\n")
                 metrics.flush()
+            if metric_logger is not None:
+                metric_logger.log({"loss": value, "seconds": elapsed}, step)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{value:.4f}")

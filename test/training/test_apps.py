@@ -46,12 +46,65 @@ def tail(proc):
     return f"rc={proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
 
 
+FAKE_BACKENDS = {
+    "mlflow": """
+import json, os
+
+def _record(*call):
+    with open(os.environ["FOLDCP_BACKEND_LOG"], "a") as f:
+        f.write(json.dumps(["mlflow", os.getpid(), *call]) + "\\n")
+
+def set_tracking_uri(uri): _record("set_tracking_uri", uri)
+def set_experiment(name): _record("set_experiment", name)
+def start_run(run_name=None): _record("start_run", run_name)
+def log_params(params): _record("log_params", sorted(params))
+def log_metrics(metrics, step=None): _record("log_metrics", metrics, step)
+def end_run(): _record("end_run")
+""",
+    "wandb": """
+import json, os
+
+def _record(*call):
+    with open(os.environ["FOLDCP_BACKEND_LOG"], "a") as f:
+        f.write(json.dumps(["wandb", os.getpid(), *call]) + "\\n")
+
+class AlertLevel:  # read by physicsnemo.utils.logging when it is imported
+    INFO, WARN, ERROR = "INFO", "WARN", "ERROR"
+
+class _Run:
+    def log(self, metrics, step=None): _record("log", metrics, step)
+    def finish(self): _record("finish")
+
+def init(**kwargs):
+    _record("init", kwargs["mode"], sorted(kwargs["config"]))
+    return _Run()
+""",
+}
+"""Stand-ins for MLflow and W&B (first on the app's path) that record their calls."""
+
+
+def backend_calls(run_dir):
+    """The calls the stand-in backends recorded during the ``trained`` run."""
+    lines = (Path(run_dir).parent / "backends.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """The default training run on 4 ranks, 2x2 CP mesh (a checkpoint every 5 steps)."""
+    """The default training run on 4 ranks, 2x2 CP mesh (a checkpoint every 5 steps).
+
+    MLflow and W&B logging are on, served by :data:`FAKE_BACKENDS`.
+    """
     run_dir = tmp_path_factory.mktemp("train") / "a"
+    fake = tmp_path_factory.mktemp("backends")
+    for name, source in FAKE_BACKENDS.items():
+        (fake / name).mkdir()
+        (fake / name / "__init__.py").write_text(source)
+    path = os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, "FOLDCP_BACKEND_LOG": str(run_dir.parent / "backends.jsonl")}
     overrides = ["mesh.cp=[2,2]", f"run_dir={run_dir}", "train.progress=false"]
-    proc = launch("train.py", [*overrides, "train.checkpoint_every=5"], 4)
+    overrides += ["train.checkpoint_every=5", "logging.mlflow=true", "logging.wandb=true"]
+    proc = launch("train.py", overrides, 4, env=env)
     assert proc.returncode == 0, tail(proc)
     return run_dir, proc
 
@@ -69,6 +122,25 @@ def test_training_on_4_ranks_lowers_the_loss(trained):
     assert "peak memory per rank" in proc.stdout + proc.stderr
     assert checkpoint_path(run_dir / "checkpoints", 30).is_dir()
     assert json.loads((run_dir / "checkpoints" / "run.json").read_text())["fingerprint"]
+
+
+def test_rank_zero_sends_every_step_to_mlflow_and_wandb(trained):
+    run_dir, _ = trained
+    calls = backend_calls(run_dir)
+    assert len({pid for _, pid, *_ in calls}) == 1, "more than one rank logged metrics"
+    curve = losses(run_dir)
+    for backend, log_call in (("mlflow", "log_metrics"), ("wandb", "log")):
+        mine = [call for name, _, *call in calls if name == backend]
+        logged = {step: metrics["loss"] for kind, metrics, step in
+                  (c for c in mine if c[0] == log_call)}  # fmt: skip
+        assert logged == curve, f"{backend}: {logged} != metrics.jsonl {curve}"
+    names = [(name, call[0]) for name, _, *call in calls if call[0] not in ("log", "log_metrics")]
+    assert names == [
+        ("mlflow", "set_tracking_uri"), ("mlflow", "set_experiment"), ("mlflow", "start_run"),
+        ("mlflow", "log_params"), ("wandb", "init"), ("mlflow", "end_run"), ("wandb", "finish"),
+    ], names  # fmt: skip
+    wandb_init = next(call for name, _, *call in calls if name == "wandb" and call[0] == "init")
+    assert wandb_init[1] == "offline" and "train" in wandb_init[2]
 
 
 def test_resume_on_4_ranks_continues_with_the_same_losses(trained, tmp_path):
