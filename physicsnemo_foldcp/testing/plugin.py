@@ -11,6 +11,10 @@ Enable it from a ``conftest.py`` with ``pytest_plugins = ["physicsnemo_foldcp.te
   are deselected at collection; a direct request for such a mesh skips.
 * The outcome of every ``multigpu_static`` test is shared: when it fails on one rank it
   fails on all, with the failing rank's message, so no rank waits for a peer that gave up.
+* ``--junitxml`` paths containing ``{rank}`` get the global rank, one report per rank.
+* With ``FOLDCP_TEST_PROGRESS_DIR`` set, each rank keeps the test and phase it is in
+  in a file there (:mod:`physicsnemo_foldcp.testing.progress`), for a runner that has to
+  report a hang.
 * Every collective wait is bounded by ``--foldcp-timeout`` seconds; TF32 is off.
 """
 
@@ -23,6 +27,8 @@ import torch
 import torch.distributed as dist
 
 from physicsnemo_foldcp.testing.asserts import CollectiveAssertionError, gather_failures
+from physicsnemo_foldcp.testing.junit import RANK_PLACEHOLDER, report_path
+from physicsnemo_foldcp.testing.progress import PROGRESS_DIR_ENV, write_progress
 
 MARKER = "multigpu_static"
 
@@ -52,8 +58,27 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _note_progress(state: str) -> None:
+    directory = os.environ.get(PROGRESS_DIR_ENV)
+    if directory:
+        write_progress(directory, _rank(), state)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the marker and turn TF32 off for exact comparisons."""
+    """Register the marker, give each rank its JUnit report, turn TF32 off.
+
+    Runs before pytest's own JUnit plugin opens ``--junitxml``, so that a path with
+    ``{rank}`` is this rank's file.
+    """
+    xmlpath = getattr(config.option, "xmlpath", None)
+    if xmlpath and RANK_PLACEHOLDER in xmlpath:
+        config.option.xmlpath = report_path(xmlpath, _rank())
+    _note_progress("starting")
     config.addinivalue_line(
         "markers", f"{MARKER}: distributed test, run on every rank under torchrun"
     )
@@ -114,6 +139,7 @@ def sync_outcome(error: BaseException | None) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     """Run a ``multigpu_static`` test and fail it on every rank if it failed on one."""
+    _note_progress(f"{item.nodeid} (call)")
     if not (_distributed(item.config) and item.get_closest_marker(MARKER)):
         return (yield)
     if not dist.is_initialized():
@@ -127,6 +153,26 @@ def pytest_runtest_call(item: pytest.Item):
         raise
     sync_outcome(None)
     return result
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Note that this rank is setting up ``item``."""
+    _note_progress(f"{item.nodeid} (setup)")
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Note that this rank is tearing down ``item``."""
+    _note_progress(f"{item.nodeid} (teardown)")
+
+
+def pytest_collection(session: pytest.Session) -> None:
+    """Note that this rank is collecting tests."""
+    _note_progress("collecting")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Note that this rank ran its last test."""
+    _note_progress("finished")
 
 
 @pytest.fixture(scope="session")
