@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO
 
 from physicsnemo_foldcp.testing.junit import OUTCOMES, RANK_PLACEHOLDER, read_run
-from physicsnemo_foldcp.testing.processes import kill_tree
+from physicsnemo_foldcp.testing.processes import kill_group, kill_tree
 from physicsnemo_foldcp.testing.progress import PROGRESS_DIR_ENV, read_progress
 
 PLUGIN = "physicsnemo_foldcp.testing.plugin"
@@ -158,8 +158,8 @@ def run_part(
         notes.extend(f"  {line}" for line in running)
         if survivors:
             notes.append(f"  still alive after SIGKILL: pids {survivors}")
-    # Processes the part left behind would keep the output pipe open.
-    kill_tree(proc.pid)
+    # Processes the part left behind in its group would keep the output pipe open.
+    kill_group(proc.pid)
     reader.join(timeout=_OUTPUT_DRAIN_S)
     counts, missing = read_run(template, ranks)
     if missing and not timed_out:
