@@ -143,9 +143,10 @@ def sync_outcome(error: BaseException | None, phase: str = "call") -> None:
     Raises
     ------
     BaseException
-        This rank's own ``error``, if any; otherwise a :class:`CollectiveAssertionError`
-        naming the ranks that failed and their messages, or (setup only) a skip naming the
-        ranks that skipped.
+        This rank's own ``error`` if it failed; otherwise a
+        :class:`CollectiveAssertionError` naming the ranks that failed and their messages
+        (also on a rank that skipped); otherwise this rank's own skip, or (setup only) a
+        skip naming the ranks that skipped.
     """
     if error is None:
         outcome = None
@@ -154,11 +155,13 @@ def sync_outcome(error: BaseException | None, phase: str = "call") -> None:
     else:
         outcome = ("failed", f"{type(error).__name__}: {error}")
     outcomes = _gather_outcomes(outcome)
-    if error is not None:
+    if error is not None and outcome[0] == "failed":
         raise error
     failures = {rank: message for rank, (kind, message) in outcomes.items() if kind == "failed"}
     if failures:
         raise CollectiveAssertionError(failures)
+    if error is not None:
+        raise error
     skips = {rank: message for rank, (kind, message) in outcomes.items() if kind == "skipped"}
     if skips and phase == "setup":
         ranks = ", ".join(str(rank) for rank in skips)
