@@ -9,8 +9,16 @@ Enable it from a ``conftest.py`` with ``pytest_plugins = ["physicsnemo_foldcp.te
   -> cached :class:`~physicsnemo_foldcp.FoldMesh`) and ``fold_mesh``, parametrized
   indirectly with a mesh shape. Parametrizations whose shape does not fit the world size
   are deselected at collection; a direct request for such a mesh skips.
-* The outcome of every ``multigpu_static`` test is shared: when it fails on one rank it
-  fails on all, with the failing rank's message, so no rank waits for a peer that gave up.
+* The outcome of every phase (setup, call, teardown) of a ``multigpu_static`` test is
+  shared: when it fails on one rank it fails on all, with the failing rank's message, so
+  every rank runs the same sequence of collectives and no rank waits for a peer that gave
+  up. A skip in setup on one rank skips the test on all (a skip in the call does not
+  spread). Phases that end without a process group (the first setup, before
+  ``fold_world`` started the job; the last teardown, after it ended) are not shared.
+* ``--junitxml`` paths containing ``{rank}`` get the global rank, one report per rank.
+* With ``FOLDCP_TEST_PROGRESS_DIR`` set, each rank keeps the test and phase it is in
+  in a file there (:mod:`physicsnemo_foldcp.testing.progress`), for a runner that has to
+  report a hang.
 * Every collective wait is bounded by ``--foldcp-timeout`` seconds; TF32 is off.
 """
 
@@ -22,7 +30,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from physicsnemo_foldcp.testing.asserts import CollectiveAssertionError, gather_failures
+from physicsnemo_foldcp.testing.asserts import CollectiveAssertionError
+from physicsnemo_foldcp.testing.junit import RANK_PLACEHOLDER, report_path
+from physicsnemo_foldcp.testing.progress import PROGRESS_DIR_ENV, write_progress
 
 MARKER = "multigpu_static"
 
@@ -52,8 +62,27 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _note_progress(state: str) -> None:
+    directory = os.environ.get(PROGRESS_DIR_ENV)
+    if directory:
+        write_progress(directory, _rank(), state)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the marker and turn TF32 off for exact comparisons."""
+    """Register the marker, give each rank its JUnit report, turn TF32 off.
+
+    Runs before pytest's own JUnit plugin opens ``--junitxml``, so that a path with
+    ``{rank}`` is this rank's file.
+    """
+    xmlpath = getattr(config.option, "xmlpath", None)
+    if xmlpath and RANK_PLACEHOLDER in xmlpath:
+        config.option.xmlpath = report_path(xmlpath, _rank())
+    _note_progress("starting")
     config.addinivalue_line(
         "markers", f"{MARKER}: distributed test, run on every rank under torchrun"
     )
@@ -88,45 +117,106 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-def sync_outcome(error: BaseException | None) -> None:
-    """Share one test's outcome across the world; raise on every rank if any rank failed.
+def _gather_outcomes(outcome: tuple[str, str] | None) -> dict[int, tuple[str, str]]:
+    """All-gather each rank's ``(kind, message)`` (``None`` for success) over the world."""
+    if not dist.is_available() or not dist.is_initialized():
+        return {} if outcome is None else {0: outcome}
+    gathered: list[tuple[str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, outcome)
+    return {rank: value for rank, value in enumerate(gathered) if value is not None}
+
+
+def sync_outcome(error: BaseException | None, phase: str = "call") -> None:
+    """Share one test phase's outcome across the world; raise on every rank if one failed.
+
+    Every rank must call it once per phase, in the same order: it is one all-gather.
 
     Parameters
     ----------
     error : BaseException or None
-        What this rank's test raised (``None`` on success). Skips count as success.
+        What this rank's phase raised (``None`` on success).
+    phase : {"setup", "call", "teardown"}
+        The phase. A skip counts as success for the other ranks, except in ``"setup"``,
+        where it skips the test on every rank (a rank that skipped setup runs no call, so
+        the others must not either).
 
     Raises
     ------
     BaseException
-        This rank's own ``error``, if any; otherwise a :class:`CollectiveAssertionError`
-        naming the ranks that failed and their messages.
+        This rank's own ``error`` if it failed; otherwise a
+        :class:`CollectiveAssertionError` naming the ranks that failed and their messages
+        (also on a rank that skipped); otherwise this rank's own skip, or (setup only) a
+        skip naming the ranks that skipped.
     """
-    skipped = isinstance(error, pytest.skip.Exception)
-    message = None if error is None or skipped else f"{type(error).__name__}: {error}"
-    failures = gather_failures(message)
-    if error is not None:
+    if error is None:
+        outcome = None
+    elif isinstance(error, pytest.skip.Exception):
+        outcome = ("skipped", str(error.msg))
+    else:
+        outcome = ("failed", f"{type(error).__name__}: {error}")
+    outcomes = _gather_outcomes(outcome)
+    if error is not None and outcome[0] == "failed":
         raise error
+    failures = {rank: message for rank, (kind, message) in outcomes.items() if kind == "failed"}
     if failures:
         raise CollectiveAssertionError(failures)
+    if error is not None:
+        raise error
+    skips = {rank: message for rank, (kind, message) in outcomes.items() if kind == "skipped"}
+    if skips and phase == "setup":
+        ranks = ", ".join(str(rank) for rank in skips)
+        pytest.skip(f"skipped in setup on rank(s) {ranks}: {next(iter(skips.values()))}")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item):
-    """Run a ``multigpu_static`` test and fail it on every rank if it failed on one."""
+def _shared_phase(item: pytest.Item, phase: str):
+    """Body of the phase wrappers: note progress, run the phase, share its outcome.
+
+    The outcome is shared when the process group exists after the phase, which is the
+    same on every rank: ``fold_world`` starts the job in the first test's setup and ends
+    it in the last test's teardown, on all ranks together.
+    """
+    _note_progress(f"{item.nodeid} ({phase})")
     if not (_distributed(item.config) and item.get_closest_marker(MARKER)):
-        return (yield)
-    if not dist.is_initialized():
         return (yield)
     try:
         result = yield
     except (KeyboardInterrupt, pytest.exit.Exception):
         raise
     except BaseException as error:  # noqa: BLE001 - every outcome is shared
-        sync_outcome(error)
+        if dist.is_initialized():
+            sync_outcome(error, phase)
         raise
-    sync_outcome(None)
+    if dist.is_initialized():
+        sync_outcome(None, phase)
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """Set up a test's fixtures; fail (or skip) setup on every rank if it did on one."""
+    return (yield from _shared_phase(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Run a ``multigpu_static`` test and fail it on every rank if it failed on one."""
+    return (yield from _shared_phase(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """Tear down a test's fixtures; fail teardown on every rank if it failed on one."""
+    return (yield from _shared_phase(item, "teardown"))
+
+
+def pytest_collection(session: pytest.Session) -> None:
+    """Note that this rank is collecting tests."""
+    _note_progress("collecting")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Note that this rank ran its last test."""
+    _note_progress("finished")
 
 
 @pytest.fixture(scope="session")

@@ -8,77 +8,167 @@ Usage (from the repository root)::
 
 Each distributed part is one ``torchrun --standalone`` session of pytest with
 ``--multigpu-static -m multigpu_static``; rank 0's output is shown, every rank's output is
-kept under ``--log-dir``. Every part has a wall-clock bound. The last line sums the parts
-as ``suite: N passed, N failed, N skipped``; the exit status is non-zero if any part
-failed, timed out or ran no test.
+kept under ``--log-dir``. Each part writes one JUnit XML report per rank
+(``<log-dir>/<part>/junit/rank<r>.xml``), and the counts come from those reports. Every
+part has a wall-clock bound that holds whether or not it prints: past it, the launcher,
+its workers and everything they started are killed, and the test (and phase) each rank
+was in is printed. The last line sums the parts as ``suite: N passed, N failed, N
+skipped``; the exit status is non-zero if any part failed, timed out or ran no test.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
+import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
-_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
-_SUMMARY = re.compile(r"^(=+ )?(\d+ \w+(, )?)+( in [\d.]+s| =+)|no tests ran")
+from physicsnemo_foldcp.testing.junit import OUTCOMES, RANK_PLACEHOLDER, read_run
+from physicsnemo_foldcp.testing.processes import kill_group, kill_tree
+from physicsnemo_foldcp.testing.progress import PROGRESS_DIR_ENV, read_progress
+
+PLUGIN = "physicsnemo_foldcp.testing.plugin"
+_OUTPUT_DRAIN_S = 10.0
 
 
 @dataclass
 class PartResult:
-    """Outcome of one pytest session (serial, or one world size)."""
+    """Outcome of one pytest session (serial, or one world size).
+
+    Attributes
+    ----------
+    name : str
+        ``"serial"`` or ``"world <n>"``.
+    returncode : int
+        Exit status of the pytest (or ``torchrun``) process; negative if it was killed.
+    seconds : float
+        Wall-clock time of the part.
+    counts : dict[str, int]
+        ``{"passed": n, "failed": n, "skipped": n}`` from the JUnit reports, each test
+        counted once over all ranks (:mod:`physicsnemo_foldcp.testing.junit`).
+    timed_out : bool
+        Whether the part ran past its bound and was killed.
+    notes : list[str]
+        What went wrong beyond the counts: the test each rank was in when the part was
+        killed, ranks that wrote no report.
+    missing_reports : list[int]
+        Ranks whose JUnit report is missing or unreadable.
+    """
 
     name: str
     returncode: int
     seconds: float
     counts: dict[str, int] = field(default_factory=dict)
     timed_out: bool = False
+    notes: list[str] = field(default_factory=list)
+    missing_reports: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """Whether the part exited 0 and ran at least one test."""
-        return self.returncode == 0 and self.counts.get("passed", 0) > 0 and not self.timed_out
+        """Whether the part exited 0, ran at least one test and every rank reported."""
+        return (
+            self.returncode == 0
+            and not self.timed_out
+            and not self.missing_reports
+            and self.counts.get("passed", 0) > 0
+            and self.counts.get("failed", 0) == 0
+        )
 
 
-def _parse_counts(line: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for number, word in _COUNT.findall(line):
-        key = "errors" if word.startswith("error") else word
-        counts[key] = counts.get(key, 0) + int(number)
-    return counts
+def _copy_output(stream: IO[str]) -> None:
+    for line in stream:
+        sys.stdout.write(line)
+    sys.stdout.flush()
 
 
-def _run(name: str, cmd: list[str], timeout_s: float, env: dict[str, str]) -> PartResult:
+def _describe_progress(progress_dir: Path, ranks: Sequence[int]) -> list[str]:
+    states = read_progress(progress_dir)
+    unknown = "no progress written (pytest not started)"
+    return [f"rank {rank}: {states.get(rank, unknown)}" for rank in ranks]
+
+
+def run_part(
+    name: str,
+    cmd: Sequence[str],
+    *,
+    ranks: Sequence[int],
+    report_dir: Path,
+    timeout_s: float,
+    env: dict[str, str],
+) -> PartResult:
+    """Run one pytest session in its own process group, bounded by ``timeout_s``.
+
+    Parameters
+    ----------
+    name : str
+        Name of the part, for the output.
+    cmd : Sequence[str]
+        The pytest (or ``torchrun ... -m pytest``) command; ``--junitxml`` is appended.
+    ranks : Sequence[int]
+        Global ranks the command runs (``[0]`` for a single process).
+    report_dir : Path
+        Directory for this part's JUnit reports (``junit/rank<r>.xml``) and progress
+        files (``progress/``); both are emptied first.
+    timeout_s : float
+        Wall-clock bound in seconds, whether or not the part prints anything.
+    env : dict[str, str]
+        Environment of the command; the progress directory is added to it.
+
+    Returns
+    -------
+    PartResult
+        Exit status, time, counts from the JUnit reports and what went wrong.
+    """
+    junit_dir, progress_dir = report_dir / "junit", report_dir / "progress"
+    for directory in (junit_dir, progress_dir):
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+    template = str(junit_dir / f"rank{RANK_PLACEHOLDER}.xml")
+    cmd = [*cmd, f"--junitxml={template}"]
     print(f"\n### {name}: {' '.join(cmd)}", flush=True)
     start = time.monotonic()
-    counts: dict[str, int] = {}
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**env, PROGRESS_DIR_ENV: str(progress_dir)},
+        start_new_session=True,
     )
-    timed_out = False
     assert proc.stdout is not None
+    reader = threading.Thread(target=_copy_output, args=(proc.stdout,), daemon=True)
+    reader.start()
+    notes: list[str] = []
     try:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            if _SUMMARY.search(line.strip().split("]:", 1)[-1].strip()):
-                counts = _parse_counts(line)
-            if time.monotonic() - start > timeout_s:
-                timed_out = True
-                break
-        remaining = max(1.0, timeout_s - (time.monotonic() - start))
-        proc.wait(timeout=remaining)
+        proc.wait(timeout=timeout_s)
+        timed_out = False
     except subprocess.TimeoutExpired:
         timed_out = True
-    if timed_out:
-        proc.kill()
-        proc.wait()
-        print(f"### {name}: killed after {timeout_s:.0f} s", flush=True)
-    sys.stdout.flush()
-    return PartResult(name, proc.returncode, time.monotonic() - start, counts, timed_out)
+        running = _describe_progress(progress_dir, ranks)
+        survivors = kill_tree(proc.pid)
+        proc.wait(timeout=_OUTPUT_DRAIN_S)
+        notes.append(f"timed out after {timeout_s:.0f} s; killed the process tree, in:")
+        notes.extend(f"  {line}" for line in running)
+        if survivors:
+            notes.append(f"  still alive after SIGKILL: pids {survivors}")
+    # Processes the part left behind in its group would keep the output pipe open.
+    kill_group(proc.pid)
+    reader.join(timeout=_OUTPUT_DRAIN_S)
+    counts, missing = read_run(template, ranks)
+    if missing and not timed_out:
+        notes.append(f"no readable JUnit report from rank(s) {', '.join(map(str, missing))}")
+    for note in notes:
+        print(f"### {name}: {note}", flush=True)
+    return PartResult(
+        name, proc.returncode, time.monotonic() - start, counts, timed_out, notes, missing
+    )
 
 
 def _show_failed_rank_logs(log_dir: Path, lines: int = 40) -> None:
@@ -87,6 +177,39 @@ def _show_failed_rank_logs(log_dir: Path, lines: int = 40) -> None:
         if any("Error" in t or "FAILED" in t for t in text[-lines:]):
             print(f"--- tail of {log}")
             print("\n".join(text[-lines:]))
+
+
+def summarize(results: Sequence[PartResult]) -> tuple[str, int]:
+    """Print one line per part and return the closing line and the exit status.
+
+    Parameters
+    ----------
+    results : Sequence[PartResult]
+        Every part that ran.
+
+    Returns
+    -------
+    closing : str
+        ``suite: N passed, N failed, N skipped``; a part that failed without a failed
+        test (a crash, a timeout, no test run) counts as one failure.
+    status : int
+        0 if every part is :attr:`PartResult.ok` (and at least one ran), else 1.
+    """
+    total = dict.fromkeys(OUTCOMES, 0)
+    for r in results:
+        failed = r.counts.get("failed", 0)
+        total["passed"] += r.counts.get("passed", 0)
+        total["failed"] += failed + (0 if r.ok or failed else 1)
+        total["skipped"] += r.counts.get("skipped", 0)
+        state = "ok" if r.ok else ("TIMED OUT" if r.timed_out else f"FAILED (exit {r.returncode})")
+        detail = ", ".join(f"{n} {k}" for k, n in r.counts.items() if n) or "no test reported"
+        print(f"{r.name:>10}: {state:<18} {detail} in {r.seconds:.0f} s")
+        for note in r.notes:
+            print(f"{'':>12}{note}")
+    closing = (
+        f"suite: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped"
+    )
+    return closing, 0 if results and all(r.ok for r in results) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,36 +226,44 @@ def main(argv: list[str] | None = None) -> int:
 
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    common = ["-q", "-p", "no:cacheprovider", f"--timeout={args.test_timeout:.0f}"]
+    common = ["-q", "-p", "no:cacheprovider", "-p", PLUGIN, f"--timeout={args.test_timeout:.0f}"]
+    log_root = Path(args.log_dir)
     results: list[PartResult] = []
     if not args.no_serial:
         cmd = [sys.executable, "-m", "pytest", args.tests, "-m", "not multigpu_static"]
-        results.append(_run("serial", cmd + common + args.pytest_args, args.part_timeout, env))
+        part = run_part(
+            "serial",
+            cmd + common + args.pytest_args,
+            ranks=[0],
+            report_dir=log_root / "serial",
+            timeout_s=args.part_timeout,
+            env=env,
+        )
+        results.append(part)
     for world in args.worlds:
-        log_dir = Path(args.log_dir) / f"world{world}"
+        log_dir = log_root / f"world{world}"
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={world}", "--local-ranks-filter=0", "--tee=3",
             f"--log-dir={log_dir}", "-m", "pytest", args.tests,
             "--multigpu-static", "-m", "multigpu_static", "--timeout-method=thread",
         ]  # fmt: skip
-        result = _run(f"world {world}", cmd + common + args.pytest_args, args.part_timeout, env)
+        result = run_part(
+            f"world {world}",
+            cmd + common + args.pytest_args,
+            ranks=range(world),
+            report_dir=log_dir,
+            timeout_s=args.part_timeout,
+            env=env,
+        )
         results.append(result)
         if not result.ok:
             _show_failed_rank_logs(log_dir)
 
     print("\n### summary")
-    total = {"passed": 0, "failed": 0, "skipped": 0}
-    for r in results:
-        failed = r.counts.get("failed", 0) + r.counts.get("errors", 0)
-        total["passed"] += r.counts.get("passed", 0)
-        total["failed"] += failed + (0 if r.ok or failed else 1)
-        total["skipped"] += r.counts.get("skipped", 0)
-        state = "ok" if r.ok else ("TIMED OUT" if r.timed_out else f"FAILED (exit {r.returncode})")
-        detail = ", ".join(f"{n} {k}" for k, n in r.counts.items()) or "no test summary"
-        print(f"{r.name:>10}: {state:<18} {detail} in {r.seconds:.0f} s")
-    print(f"suite: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
-    return 0 if results and all(r.ok for r in results) else 1
+    closing, status = summarize(results)
+    print(closing, flush=True)
+    return status
 
 
 if __name__ == "__main__":

@@ -71,6 +71,29 @@ def test_a_skip_on_one_rank_is_not_a_failure_elsewhere(fold_world):
         sync_outcome(None)
 
 
+def test_a_failure_elsewhere_fails_a_rank_that_skipped(fold_world):
+    rank = dist.get_rank()
+    error = {0: pytest.skip.Exception("skipped on rank 0"), 1: RuntimeError("boom on rank 1")}
+    with pytest.raises((RuntimeError, CollectiveAssertionError)) as info:
+        sync_outcome(error.get(rank))
+    if rank == 1:
+        assert info.value is error[1]
+    else:
+        assert info.value.failures == {1: "RuntimeError: boom on rank 1"}
+
+
+def test_a_skip_in_setup_on_one_rank_skips_every_rank(fold_world):
+    """A rank that skipped setup runs no call, so its peers must skip the call too."""
+    rank = dist.get_rank()
+    error = pytest.skip.Exception("skipped on rank 0") if rank == 0 else None
+    with pytest.raises(pytest.skip.Exception) as info:
+        sync_outcome(error, phase="setup")
+    if rank == 0:
+        assert info.value is error
+    else:
+        assert info.value.msg == "skipped in setup on rank(s) 0: skipped on rank 0"
+
+
 def test_a_collective_a_peer_never_joins_times_out_instead_of_hanging(fold_world):
     """With a 3 s group timeout, ranks whose peer (rank 0) skips an all-reduce raise in time."""
     group = dist.new_group(timeout=timedelta(seconds=3))
