@@ -92,6 +92,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from physicsnemo_foldcp.ops._blocks import (
     COLUMNS,
     ROWS,
+    block_starts,
     coordinate,
     gather_blocks,
     reduce_scatter_blocks,
@@ -137,16 +138,8 @@ class Panel:
         return out
 
 
-def _starts(sizes: Sequence[int]) -> list[int]:
-    out, total = [], 0
-    for s in sizes:
-        out.append(total)
-        total += int(s)
-    return out
-
-
 def _block_of(position: int, sizes: Sequence[int]) -> int:
-    for k, start in enumerate(_starts(sizes)):
+    for k, start in enumerate(block_starts(sizes)):
         if start <= position < start + sizes[k]:
             return k
     raise ValueError(f"position {position} outside blocks {list(sizes)}")
@@ -185,7 +178,7 @@ def panel_plan(
         )
     if panels < 1:
         raise ValueError(f"panels must be >= 1, got {panels}")
-    bounds = sorted(set(_starts(gathered_sizes)) | set(_starts(scattered_sizes)) | {n})
+    bounds = sorted(set(block_starts(gathered_sizes)) | set(block_starts(scattered_sizes)) | {n})
     segments = [(s, e - s) for s, e in zip(bounds, bounds[1:]) if e > s]
     out = []
     for p in range(panels):
