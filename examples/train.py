@@ -10,10 +10,10 @@ progress bar and the losses (console level: logging.level), writes
 ${run_dir}/metrics.jsonl (one line per step; also sent to MLflow / W&B with
 logging.mlflow=true or logging.wandb=true) and ${run_dir}/summary.json; checkpoints go to
 train.checkpoint_dir (step_<k>/ directories and the run manifest run.json). With the
-default train.resume=auto, running the same command again continues the run from its
-newest checkpoint; a run_dir holding another run's checkpoints is refused unless
-train.overwrite=true. The run is identified by the data, model, optimizer, registry and
-sharding groups and train.{seed,precision,batch_size,loss}.
+default train.resume=auto, running the same command again (or a torchrun --max-restarts
+restart) continues the run from its newest checkpoint; a run_dir holding another run's
+checkpoints is refused unless train.overwrite=true. The run is identified by the data,
+model, optimizer, registry and sharding groups and train.{seed,precision,batch_size,loss}.
 """
 
 import dataclasses

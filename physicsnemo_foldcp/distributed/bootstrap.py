@@ -13,6 +13,12 @@ are handled here, at run time, without touching the installed package:
 * ``physicsnemo.domain_parallel`` registers its ShardTensor custom ops only when CUDA is
   available; they are registered here on CPU.
 
+Under ``torchrun`` the elastic agent hosts the job's TCPStore and keeps it, with every key
+written in it, across the restarts of ``--max-restarts``; the process group of a restarted
+attempt would read the addresses its predecessors published there (gloo connects to the
+dead workers' ports until its timeout). The default group is therefore created on a
+namespace of the agent's store that is new for each attempt (:func:`_attempt_store`).
+
 Every process group behind the mesh is created with the same bounded timeout, so a
 collective that a peer never joins raises instead of hanging.
 """
@@ -23,6 +29,8 @@ import contextlib
 import logging
 import os
 import socket
+import time
+import uuid
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
@@ -40,6 +48,12 @@ DEFAULT_TIMEOUT_S = 600.0
 """Default bound, in seconds, on a collective wait (``FOLDCP_TIMEOUT_S`` overrides it)."""
 
 _LAUNCHER_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+
+_ATTEMPT_NAMESPACE = "physicsnemo_foldcp/attempt"
+"""Keys of the per-attempt handshake in the elastic agent's store."""
+
+_ATTEMPT_POLL_S = (0.01, 0.25)
+"""First and longest pause, in seconds, between two looks of a rank at the handshake."""
 
 _meshes: dict[tuple[tuple[int, int, int], float], FoldMesh] = {}
 _job_timeout: timedelta | None = None
@@ -134,13 +148,135 @@ def _ensure_single_process_env() -> None:
     os.environ["RANK"] = "0"
 
 
+def _agent_store_address() -> tuple[str, int] | None:
+    """The elastic agent's store, ``(MASTER_ADDR, MASTER_PORT)``, when the workers share it.
+
+    ``torchrun`` exports ``TORCHELASTIC_USE_AGENT_STORE=True`` when its agent hosts the
+    store at ``MASTER_ADDR:MASTER_PORT`` for the workers (its default).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    return addr, int(port)
+
+
+def _attempt_token(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> str:
+    """Agree on a token that names this attempt of the job, new for each attempt.
+
+    Rank 0 draws the token and publishes it under ``<namespace>/token``. A store kept
+    across attempts may still hold the token of an earlier attempt, so every other rank
+    has it confirmed: it posts a nonce of its own under ``<token>/join/<rank>`` and takes
+    the token once rank 0 has answered with ``<token>/welcome/<nonce>``; a token that
+    nobody answers is an earlier attempt's and is replaced when rank 0 publishes its own.
+    ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each agent counts only the
+    failures of its own workers, so the nodes of one attempt may disagree on it.
+
+    Parameters
+    ----------
+    store : torch.distributed.Store
+        A client of the agent's store.
+    rank, world_size : int
+        This rank and the number of ranks of the attempt.
+    timeout : timedelta
+        Bound on the handshake.
+
+    Returns
+    -------
+    str
+        The token, the same on every rank of the attempt.
+
+    Raises
+    ------
+    RuntimeError
+        If the ranks do not meet within ``timeout``.
+    """
+    ns = _ATTEMPT_NAMESPACE
+    if rank == 0:
+        token = uuid.uuid4().hex
+        store.set(f"{ns}/token", token)
+        joins = [f"{ns}/{token}/join/{r}" for r in range(1, world_size)]
+        if joins:
+            try:
+                store.wait(joins, timeout)
+            except dist.DistStoreError as err:
+                missing = [r for r, key in enumerate(joins, 1) if not store.check([key])]
+                raise RuntimeError(
+                    f"rank(s) {missing} did not join the job within {timeout.total_seconds():g} "
+                    "s (the agent store's handshake before the process group is created)"
+                ) from err
+            nonces = [nonce.decode() for nonce in store.multi_get(joins)]
+            store.multi_set([f"{ns}/{token}/welcome/{n}" for n in nonces], ["1"] * len(nonces))
+        return token
+
+    nonce = uuid.uuid4().hex
+    deadline = time.monotonic() + timeout.total_seconds()
+    joined = None
+    pause = _ATTEMPT_POLL_S[0]
+    while True:
+        if store.check([f"{ns}/token"]):
+            token = store.get(f"{ns}/token").decode()
+            if token != joined:
+                store.set(f"{ns}/{token}/join/{rank}", nonce)
+                joined = token
+            if store.check([f"{ns}/{token}/welcome/{nonce}"]):
+                return token
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"rank {rank} got no answer from rank 0 within {timeout.total_seconds():g} s "
+                "(the agent store's handshake before the process group is created)"
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, _ATTEMPT_POLL_S[1])
+
+
+def _attempt_store(
+    rank: int, world_size: int, timeout: timedelta
+) -> tuple[dist.Store, int, int] | None:
+    """The store, rank and world size for the default process group under ``torchrun``.
+
+    Parameters
+    ----------
+    rank, world_size : int
+        As given to ``init_process_group``; -1 reads ``RANK`` / ``WORLD_SIZE``.
+    timeout : timedelta
+        Bound on connecting to the store and on the handshake.
+
+    Returns
+    -------
+    tuple[torch.distributed.Store, int, int] or None
+        A client of the agent's store whose keys live under a prefix that names this
+        attempt (:func:`_attempt_token`), so a group created after a ``--max-restarts``
+        restart does not read the keys an earlier attempt left there; ``None`` when the
+        workers do not share the agent's store (no ``torchrun``, or
+        ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): the store ``env://`` creates is new.
+    """
+    address = _agent_store_address()
+    if address is None:
+        return None
+    rank = int(os.environ["RANK"]) if rank == -1 else rank
+    world_size = int(os.environ["WORLD_SIZE"]) if world_size == -1 else world_size
+    store = dist.TCPStore(
+        host_name=address[0],
+        port=address[1],
+        world_size=world_size,
+        is_master=False,
+        timeout=timeout,
+    )
+    token = _attempt_token(store, rank, world_size, timeout)
+    return dist.PrefixStore(f"{_ATTEMPT_NAMESPACE}/{token}/default_pg", store), rank, world_size
+
+
 @contextlib.contextmanager
 def _bounded_group_creation(timeout: timedelta) -> Iterator[None]:
     """Create process groups with ``timeout`` and without a CPU ``device_id``.
 
     ``init_process_group`` gets ``timeout`` and loses a ``device_id`` of type cpu; groups
     made by ``new_group`` without an explicit timeout (as ``init_device_mesh`` makes them)
-    get ``timeout`` as their default. Everything is restored on exit.
+    get ``timeout`` as their default. Under ``torchrun``, an ``init_process_group`` given
+    neither ``init_method`` nor ``store`` gets this attempt's namespace of the agent's
+    store (:func:`_attempt_store`). Everything is restored on exit.
     """
     original_init = dist.init_process_group
     saved_defaults = (distributed_c10d.default_pg_timeout, distributed_c10d.default_pg_nccl_timeout)
@@ -150,6 +286,12 @@ def _bounded_group_creation(timeout: timedelta) -> Iterator[None]:
         if device_id is not None and torch.device(device_id).type == "cpu":
             del kwargs["device_id"]
         kwargs.setdefault("timeout", timeout)
+        if len(args) < 2 and kwargs.get("init_method") is None and kwargs.get("store") is None:
+            rank, world_size = kwargs.get("rank", -1), kwargs.get("world_size", -1)
+            attempt = _attempt_store(rank, world_size, kwargs["timeout"])
+            if attempt is not None:
+                kwargs.pop("init_method", None)
+                kwargs.update(zip(("store", "rank", "world_size"), attempt, strict=True))
         return original_init(*args, **kwargs)
 
     dist.init_process_group = init_process_group

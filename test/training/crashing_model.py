@@ -1,4 +1,4 @@
-"""A reference model that fails once at a given forward call (for the rerun test).
+"""A reference model that fails once at a given forward call (for the rerun and restart tests).
 
 ``FOLDCP_TEST_CRASH_AT``: the forward call (1-based) that raises; ``FOLDCP_TEST_CRASH_MARKER``:
 a path prefix; each rank creates ``<prefix>.<rank>`` when it fails, and does not fail again.

@@ -1,4 +1,4 @@
-"""The Hydra apps end to end: train on 4 ranks, resume, restart, compile, predict, refuse.
+"""The Hydra apps end to end: train on 4 ranks, resume, rerun, restart, compile, predict, refuse.
 
 Each test launches ``examples/train.py`` / ``examples/predict.py`` as a subprocess (one
 process, or 4 with ``torchrun``) with their default configuration, in a temporary run dir.
@@ -26,15 +26,16 @@ HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 900
 
 
-def launch(script, overrides, ranks=1, *, env=None):
+def launch(script, overrides, ranks=1, *, env=None, restarts=0, timeout=TIMEOUT_S):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1", **(env or {})}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     cmd = [sys.executable]
     if ranks > 1:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+        cmd += [f"--max-restarts={restarts}"] if restarts else []
     cmd += [str(ROOT / "examples" / script), *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
 def losses(run_dir):
@@ -304,3 +305,35 @@ def test_running_a_failed_job_again_continues_the_run(trained, tmp_path):
     assert steps == list(range(1, 16)), steps
     straight, again = losses(run_dir), losses(restarted)
     assert [again[s] for s in range(1, 16)] == [straight[s] for s in range(1, 16)]
+
+
+def test_a_job_restarted_by_torchrun_continues_the_run(tmp_path):
+    """torchrun --max-restarts=1 on 2 ranks: a worker fails at step 7, the restart resumes at 5.
+
+    The restarted workers create their process group in the agent's store that the failed
+    attempt used; they must not hang on its keys (mesh.timeout_s bounds that wait). Each
+    step is logged once.
+    """
+    run_dir = tmp_path / "r"
+    overrides = [
+        "mesh.cp=[1,2]",
+        "mesh.timeout_s=60",
+        f"run_dir={run_dir}",
+        "train.progress=false",
+        "train.steps=7",
+        "train.checkpoint_every=5",
+        "model._target_=crashing_model.CrashOnce",
+    ]
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "FOLDCP_TEST_CRASH_AT": "7",
+        "FOLDCP_TEST_CRASH_MARKER": str(tmp_path / "crashed"),
+    }
+    proc = launch("train.py", overrides, 2, env=env, restarts=1, timeout=400)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, tail(proc)
+    assert "injected failure at step 7" in output, tail(proc)
+    resumed = f"resumed from {run_dir / 'checkpoints' / 'step_00000005'} at step 5"
+    assert resumed in output, tail(proc)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 8))
