@@ -16,14 +16,14 @@ from dataclasses import dataclass
 import torch
 
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
-from physicsnemo_foldcp.features.spec import TOKENS, FeatureSpec
+from physicsnemo_foldcp.features.spec import MSA, TOKENS, FeatureSpec
 from physicsnemo_foldcp.ops import FoldTensor, wrap
 from physicsnemo_foldcp.sharding.plan import ShardingPlan, build_plan
 
 
 @dataclass
 class TokenLayout:
-    """This rank's blocks of ``[1, ...]`` tensors whose axes are tokens or unsharded.
+    """This rank's blocks of ``[1, ...]`` tensors whose axes are tokens, MSA rows or unsharded.
 
     Parameters
     ----------
@@ -33,17 +33,24 @@ class TokenLayout:
         Token count N.
     token_bounds : sequence of int, optional
         Row-block boundaries (the even split by default).
+    n_msa : int, optional
+        MSA depth S, for tensors with an ``"msa"`` axis (rows over ``cp0``, tokens over
+        ``cp1``).
     """
 
     mesh: FoldMesh
     n_tokens: int
     token_bounds: Sequence[int] | None = None
+    n_msa: int | None = None
 
     @property
     def plan(self) -> ShardingPlan:
         """The plan of ``n_tokens`` tokens on the mesh's ``(cp0, cp1)``."""
         bounds = tuple(self.token_bounds) if self.token_bounds is not None else None
-        return build_plan({TOKENS: self.n_tokens}, self.mesh.cp, token_bounds=bounds)
+        lengths = {TOKENS: self.n_tokens}
+        if self.n_msa is not None:
+            lengths[MSA] = self.n_msa
+        return build_plan(lengths, self.mesh.cp, token_bounds=bounds)
 
     def _feature_spec(self, axes: Sequence[str | None]) -> FeatureSpec:
         return FeatureSpec("layout", tuple(axes))
