@@ -38,6 +38,15 @@ def launch(script, overrides, ranks=1, *, env=None, restarts=0, timeout=TIMEOUT_
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
+def crash_once_env(tmp_path, step):
+    """Environment of a run of ``crashing_model.CrashOnce`` that fails once, at ``step``."""
+    return {
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "FOLDCP_TEST_CRASH_AT": str(step),
+        "FOLDCP_TEST_CRASH_MARKER": str(tmp_path / "crashed"),
+    }
+
+
 def losses(run_dir):
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, lines)}
@@ -290,11 +299,7 @@ def test_running_a_failed_job_again_continues_the_run(trained, tmp_path):
         "train.checkpoint_every=5",
         "model._target_=crashing_model.CrashOnce",
     ]
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-        "FOLDCP_TEST_CRASH_AT": "13",
-        "FOLDCP_TEST_CRASH_MARKER": str(tmp_path / "crashed"),
-    }
+    env = crash_once_env(tmp_path, 13)
     failed = launch("train.py", overrides, 4, env=env)
     assert failed.returncode != 0 and "injected failure at step 13" in failed.stderr, tail(failed)
     proc = launch("train.py", overrides, 4, env=env)
@@ -324,11 +329,7 @@ def test_a_job_restarted_by_torchrun_continues_the_run(tmp_path):
         "train.checkpoint_every=5",
         "model._target_=crashing_model.CrashOnce",
     ]
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-        "FOLDCP_TEST_CRASH_AT": "7",
-        "FOLDCP_TEST_CRASH_MARKER": str(tmp_path / "crashed"),
-    }
+    env = crash_once_env(tmp_path, 7)
     proc = launch("train.py", overrides, 2, env=env, restarts=1, timeout=400)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, tail(proc)
