@@ -823,10 +823,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line (see the module docstring)."""
     defaults = PairformerSizes()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cp", type=int, nargs=2, default=None, metavar=("CP0", "CP1"))
-    p.add_argument("--tokens", type=int, nargs="+", default=[128, 256, 384])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
+    common.add_sweep_arguments(p, tokens=(128, 256, 384))
     p.add_argument("--padded", type=int, default=3, help="masked tokens at the end")
     p.add_argument("--token-s", type=int, default=defaults.token_s)
     p.add_argument("--token-z", type=int, default=defaults.token_z)
@@ -849,8 +846,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every ``--tokens`` size on the launched mesh; rank 0 writes the results."""
     args = build_parser().parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cp = common.cp_shape(args.cp, world)
+    cp = common.cp_shape(args.cp)
     sizes = PairformerSizes(
         token_s=args.token_s,
         token_z=args.token_z,
@@ -861,9 +857,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dropout=args.dropout,
     )
     mesh = fc.init_mesh(ddp=1, cp=cp, timeout_s=args.timeout)
-    command = "torchrun --standalone --nproc-per-node {} benchmarks/bench_pairformer.py {}".format(
-        mesh.world_size, " ".join(sys.argv[1:] if argv is None else argv)
-    )
+    command = common.launch_command("bench_pairformer.py", mesh.world_size, argv)
     rows = []
     try:
         for n in args.tokens:

@@ -736,11 +736,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             flush=True,
                         )
         if mesh.rank == 0:
-            command = (
-                "torchrun --standalone --nproc-per-node {} benchmarks/bench_scatter.py {}".format(
-                    mesh.world_size, " ".join(sys.argv[1:] if argv is None else argv)
-                )
-            )
+            command = common.launch_command("bench_scatter.py", mesh.world_size, argv)
             for path in write_results(rows, mesh.cp, command, args.results):
                 print(f"wrote {path}")
             for t in evaluate_targets(rows):

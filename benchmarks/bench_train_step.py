@@ -379,11 +379,8 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cp", type=int, nargs=2, default=None, metavar=("CP0", "CP1"))
-    p.add_argument("--tokens", type=int, nargs="+", default=[64, 128, 256])
-    p.add_argument("--repeats", type=int, default=3)
+    common.add_sweep_arguments(p, tokens=(64, 128, 256))
     p.add_argument("--msa-rows", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--c-atom", type=int, default=ModelConfig.c_atom)
     p.add_argument("--c-token", type=int, default=ModelConfig.c_token)
     p.add_argument("--c-pair", type=int, default=ModelConfig.c_pair)
@@ -396,8 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cp = common.cp_shape(args.cp, world)
+    cp = common.cp_shape(args.cp)
     config = ModelConfig(
         c_atom=args.c_atom,
         c_token=args.c_token,
@@ -429,9 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
         if mesh.rank == 0:
-            command = (
-                "torchrun --standalone --nproc-per-node {} benchmarks/bench_train_step.py {}"
-            ).format(mesh.world_size, " ".join(sys.argv[1:] if argv is None else argv))
+            command = common.launch_command("bench_train_step.py", mesh.world_size, argv)
             for path in write_results(rows, command, args.results):
                 print(f"wrote {path}")
     finally:

@@ -40,6 +40,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -368,14 +369,29 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory step")
 
 
-def cp_shape(cp: Sequence[int] | None, world: int) -> tuple[int, int]:
-    """``--cp`` when given, else the square ``s x s`` mesh of ``world = s^2`` ranks."""
+def add_sweep_arguments(parser: argparse.ArgumentParser, tokens: Sequence[int]) -> None:
+    """Add ``--cp`` (default: the square mesh), ``--tokens``, ``--repeats`` and ``--seed``."""
+    parser.add_argument("--cp", type=int, nargs=2, default=None, metavar=("CP0", "CP1"))
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(tokens))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def cp_shape(cp: Sequence[int] | None) -> tuple[int, int]:
+    """``--cp`` when given, else the square ``s x s`` mesh of ``WORLD_SIZE = s^2`` ranks."""
     if cp:
         return int(cp[0]), int(cp[1])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     side = math.isqrt(world)
     if side * side != world:
         raise SystemExit(f"world size {world} is not a square: pass --cp CP0 CP1")
     return side, side
+
+
+def launch_command(script: str, world_size: int, argv: Sequence[str] | None) -> str:
+    """The ``torchrun`` command that reproduces this run of ``benchmarks/<script>``."""
+    args = " ".join(sys.argv[1:] if argv is None else argv)
+    return f"torchrun --standalone --nproc-per-node {world_size} benchmarks/{script} {args}"
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:

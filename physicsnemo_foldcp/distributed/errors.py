@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 class RemoteTraceback(Exception):
@@ -80,3 +86,38 @@ class ErrorPayload:
             error.add_note(f"{context} (raised on rank {self.rank})")
         error.__cause__ = remote
         return error
+
+
+def on_rank_zero(work: Callable[[], T], context: str) -> T:
+    """Run ``work()`` on global rank 0; its result, or its error, on every rank.
+
+    Call on every rank. Whatever ``work`` raises on rank 0 is raised there as it is and on
+    every other rank as :meth:`ErrorPayload.to_exception` (the same type when it pickles),
+    so no rank is left waiting in a later collective.
+
+    Communication: ONE ``broadcast_object_list`` over the world (none in a single process).
+
+    Parameters
+    ----------
+    work : callable
+        Run on rank 0 only (file-system work, a decision read from files).
+    context : str
+        Names the operation in the note of an error raised on the other ranks.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return work()
+    box: list[object] = [None]
+    error: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("result", work())
+        except Exception as err:  # noqa: BLE001 - every error reaches every rank
+            error = err
+            box[0] = ("error", ErrorPayload.capture(err, 0))
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]  # type: ignore[misc]
+    if kind == "error":
+        if error is not None:
+            raise error
+        raise value.to_exception(context)
+    return value

@@ -7,8 +7,12 @@ is bounded by the process group's timeout (see :func:`physicsnemo_foldcp.init_me
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 class CollectiveAssertionError(AssertionError):
@@ -27,25 +31,26 @@ class CollectiveAssertionError(AssertionError):
         super().__init__(f"check failed on rank(s) {ranks}:\n{details}")
 
 
-def gather_failures(message: str | None, group: dist.ProcessGroup | None = None) -> dict[int, str]:
-    """All-gather each rank's failure message (``None`` for success).
+def gather_failures(message: T | None, group: dist.ProcessGroup | None = None) -> dict[int, T]:
+    """All-gather each rank's failure (``None`` for success).
 
     Parameters
     ----------
-    message : str or None
-        This rank's failure message, or ``None`` if its check passed.
+    message : picklable or None
+        This rank's failure (a message, or any picklable record), or ``None`` if its check
+        passed.
     group : ProcessGroup, optional
         Group to gather over; the world by default.
 
     Returns
     -------
-    dict[int, str]
-        Global rank -> message for every failing rank (the same dict on every rank).
+    dict[int, object]
+        Global rank -> failure for every failing rank (the same dict on every rank).
     """
     if not dist.is_available() or not dist.is_initialized():
         return {} if message is None else {0: message}
     size = dist.get_world_size(group)
-    gathered: list[str | None] = [None] * size
+    gathered: list[T | None] = [None] * size
     dist.all_gather_object(gathered, message, group=group)
     ranks = dist.get_process_group_ranks(group) if group is not None else range(size)
     return {int(r): msg for r, msg in zip(ranks, gathered) if msg is not None}

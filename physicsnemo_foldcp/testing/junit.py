@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 RANK_PLACEHOLDER = "{rank}"
 OUTCOMES = ("passed", "failed", "skipped")
-_SEVERITY = {outcome: i for i, outcome in enumerate(OUTCOMES)}
+_SEVERITY = {"passed": 0, "skipped": 1, "failed": 2}
+"""Merging ranks keeps the most severe outcome: a failure anywhere outranks a skip."""
 
 
 def report_path(template: str, rank: int) -> str:

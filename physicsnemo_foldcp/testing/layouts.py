@@ -10,6 +10,7 @@ also cuts a serial result to this rank's block for element-wise comparison.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,7 +44,7 @@ class TokenLayout:
     token_bounds: Sequence[int] | None = None
     n_msa: int | None = None
 
-    @property
+    @functools.cached_property
     def plan(self) -> ShardingPlan:
         """The plan of ``n_tokens`` tokens on the mesh's ``(cp0, cp1)``."""
         bounds = tuple(self.token_bounds) if self.token_bounds is not None else None

@@ -30,7 +30,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from physicsnemo_foldcp.testing.asserts import CollectiveAssertionError
+from physicsnemo_foldcp.testing.asserts import CollectiveAssertionError, gather_failures
 from physicsnemo_foldcp.testing.junit import RANK_PLACEHOLDER, report_path
 from physicsnemo_foldcp.testing.progress import PROGRESS_DIR_ENV, write_progress
 
@@ -117,15 +117,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-def _gather_outcomes(outcome: tuple[str, str] | None) -> dict[int, tuple[str, str]]:
-    """All-gather each rank's ``(kind, message)`` (``None`` for success) over the world."""
-    if not dist.is_available() or not dist.is_initialized():
-        return {} if outcome is None else {0: outcome}
-    gathered: list[tuple[str, str] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, outcome)
-    return {rank: value for rank, value in enumerate(gathered) if value is not None}
-
-
 def sync_outcome(error: BaseException | None, phase: str = "call") -> None:
     """Share one test phase's outcome across the world; raise on every rank if one failed.
 
@@ -154,7 +145,7 @@ def sync_outcome(error: BaseException | None, phase: str = "call") -> None:
         outcome = ("skipped", str(error.msg))
     else:
         outcome = ("failed", f"{type(error).__name__}: {error}")
-    outcomes = _gather_outcomes(outcome)
+    outcomes = gather_failures(outcome)
     if error is not None and outcome[0] == "failed":
         raise error
     failures = {rank: message for rank, (kind, message) in outcomes.items() if kind == "failed"}

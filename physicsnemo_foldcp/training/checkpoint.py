@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from physicsnemo_foldcp.distributed.errors import on_rank_zero
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.training.atomic import (
     replace_directory,
@@ -177,10 +178,6 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -237,17 +234,13 @@ def save_checkpoint(
     rng = gather_job_rng(mesh)
     final = checkpoint_path(directory, step)
     tmp = temporary_sibling(final, unique=False)
-    if _rank() == 0:
+
+    def make_room() -> None:
         final.parent.mkdir(parents=True, exist_ok=True)
         if tmp.exists():  # left by a save that did not finish
             shutil.rmtree(tmp)
-    _barrier()
-    dcp.save(
-        {"model": model_tensors, "optimizer": optim_tensors},
-        storage_writer=FileSystemWriter(str(tmp)),
-    )
-    _barrier()
-    if _rank() == 0:
+
+    def finish() -> None:
         payload = {
             "format": FORMAT_VERSION,
             "step": int(step),
@@ -261,7 +254,14 @@ def save_checkpoint(
         }
         torch.save(payload, tmp / STATE_NAME)
         replace_directory(tmp, final)
+
+    on_rank_zero(make_room, f"preparing checkpoint {final}")
+    dcp.save(
+        {"model": model_tensors, "optimizer": optim_tensors},
+        storage_writer=FileSystemWriter(str(tmp)),
+    )
     _barrier()
+    on_rank_zero(finish, f"writing checkpoint {final}")
     return final
 
 

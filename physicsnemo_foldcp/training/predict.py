@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from physicsnemo.domain_parallel import ShardTensor
 from torch import nn
 
 from physicsnemo_foldcp.data.loader import ShardedLoader
+from physicsnemo_foldcp.distributed.errors import on_rank_zero
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
@@ -113,18 +113,9 @@ def output_names(record_ids: Sequence[Any]) -> list[str]:
 
 def _planned_names(dataset: Any, mesh: FoldMesh) -> list[str]:
     """:func:`output_names` decided on rank 0, the same names or error on every rank."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return output_names(dataset_record_ids(dataset))
-    box: list[Any] = [None]
-    if mesh.rank == 0:
-        try:
-            box[0] = output_names(dataset_record_ids(dataset))
-        except OutputNameError as err:
-            box[0] = err
-    dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
+    return on_rank_zero(
+        lambda: output_names(dataset_record_ids(dataset)), "planning the prediction files"
+    )
 
 
 def serial_distogram(pdistogram: torch.Tensor, features: Mapping[str, Any]) -> torch.Tensor:

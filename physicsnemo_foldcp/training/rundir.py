@@ -43,11 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
+from physicsnemo_foldcp.distributed.errors import on_rank_zero
 from physicsnemo_foldcp.training.atomic import write_text_atomic
 from physicsnemo_foldcp.training.checkpoint import (
-    CheckpointError,
     list_checkpoints,
     read_state,
 )
@@ -230,18 +228,10 @@ def decide(
     overwrite: bool,
 ) -> RunPlan:
     """:func:`plan_run` on rank 0, the same plan (or error) on every rank (collective)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return plan_run(checkpoint_dir, metrics_file, run_fingerprint, resume, overwrite)
-    box: list[Any] = [None]
-    if dist.get_rank() == 0:
-        try:
-            box[0] = plan_run(checkpoint_dir, metrics_file, run_fingerprint, resume, overwrite)
-        except (RunDirectoryError, CheckpointError) as err:
-            box[0] = err
-    dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
+    return on_rank_zero(
+        lambda: plan_run(checkpoint_dir, metrics_file, run_fingerprint, resume, overwrite),
+        "deciding the run's start",
+    )
 
 
 def trim_metrics(metrics_file: str | os.PathLike, last_step: int) -> int:
@@ -276,9 +266,11 @@ def prepare_run(
 ) -> None:
     """Carry out ``plan`` on rank 0: delete, write the manifest, trim the metrics.
 
-    Call on every rank (a barrier ends it).
+    Call on every rank: it ends when rank 0 is done, and an error there is raised on every
+    rank (:func:`~physicsnemo_foldcp.distributed.errors.on_rank_zero`).
     """
-    if not dist.is_initialized() or dist.get_rank() == 0:
+
+    def carry_out() -> None:
         for note in plan.notes:
             logger.info("%s", note)
         for path in plan.discard:
@@ -303,8 +295,8 @@ def prepare_run(
                 )
         elif metrics_file and plan.metrics == "empty":
             write_text_atomic(metrics_file, "")
-    if dist.is_initialized():
-        dist.barrier()
+
+    on_rank_zero(carry_out, "preparing the run directory")
 
 
 def _now() -> str:

@@ -1,8 +1,8 @@
 """Reading ``torch.distributed.checkpoint`` directories without unpickling arbitrary objects.
 
-DCP's ``FileSystemReader`` reads a checkpoint's ``.metadata`` with ``pickle.load`` and its
-default load planner reads non-tensor entries with ``torch.load(weights_only=False)``:
-either runs code from a crafted checkpoint. Here
+DCP's ``FileSystemReader`` reads a checkpoint's ``.metadata`` with ``pickle.load``, and its
+default load planner unpickles non-tensor entries without restriction: either runs code
+from a crafted checkpoint. (Tensor entries are read with ``weights_only=True``.) Here
 
 * :func:`read_metadata` unpickles ``.metadata`` with an unpickler that resolves only the
   DCP metadata records, torch dtypes and path classes

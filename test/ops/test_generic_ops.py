@@ -106,6 +106,15 @@ def test_softmax_of_a_pair_tile_stays_a_tile(fold_mesh):
     collective_assert(good and torch.allclose(out.full_tensor(), serial), f"{out.placements}")
 
 
+def single_and_pair(fold_mesh, seed: int, n: int = 11):
+    """A serial single ``[1, n, 4]``, a pair ``[1, n, n, 4]`` and their token layout."""
+    from physicsnemo_foldcp.testing.layouts import TokenLayout
+
+    g = torch.Generator().manual_seed(seed)
+    s_serial, z_serial = torch.randn(1, n, 4, generator=g), torch.randn(1, n, n, 4, generator=g)
+    return s_serial, z_serial, TokenLayout(fold_mesh, n)
+
+
 ZOO = {
     "sum over tokens": lambda s, z: s.sum(1),
     "mean over all": lambda s, z: z.mean(),
@@ -130,13 +139,9 @@ ZOO = {
 @pytest.mark.parametrize("fold_mesh", GENERIC_MESHES, indirect=True, ids=str)
 def test_generic_op_zoo_matches_serial_with_gradients(fold_mesh):
     """Each op on a row-sharded single and a pair tile: output and input gradients."""
-    from physicsnemo_foldcp.testing.layouts import TokenLayout
     from physicsnemo_foldcp.testing.parity import close
 
-    n = 11
-    g = torch.Generator().manual_seed(9)
-    s_serial, z_serial = torch.randn(1, n, 4, generator=g), torch.randn(1, n, n, 4, generator=g)
-    layout = TokenLayout(fold_mesh, n)
+    s_serial, z_serial, layout = single_and_pair(fold_mesh, seed=9)
     problems = []
     for name, op in ZOO.items():
         s, s_leaf = layout.shard(s_serial, ("tokens", None), requires_grad=True)
@@ -172,12 +177,8 @@ FLAGS = {
 def test_any_and_all_over_sharded_dims_reduce_without_gathering(fold_mesh):
     """``any`` / ``all`` over sharded dims: local, then a max / min all-reduce."""
     from physicsnemo_foldcp.ops import events
-    from physicsnemo_foldcp.testing.layouts import TokenLayout
 
-    n = 11
-    g = torch.Generator().manual_seed(4)
-    s_serial, z_serial = torch.randn(1, n, 4, generator=g), torch.randn(1, n, n, 4, generator=g)
-    layout = TokenLayout(fold_mesh, n)
+    s_serial, z_serial, layout = single_and_pair(fold_mesh, seed=4)
     s, _ = layout.shard(s_serial, ("tokens", None))
     z, _ = layout.shard(z_serial, ("tokens", "tokens", None))
     problems = []

@@ -71,12 +71,16 @@ def test_a_test_fails_if_it_fails_on_any_rank_or_is_missing_from_one():
         1: [Case("t.ok", "passed"), Case("t.one_rank", "failed"), Case("t.skip", "passed")],
         2: [Case("t.ok", "passed"), Case("t.one_rank", "passed"), Case("t.skip", "passed")],
     }
+    ranks[0].append(Case("t.skip_here_fail_there", "skipped"))
+    ranks[1].append(Case("t.skip_here_fail_there", "failed"))
+    ranks[2].append(Case("t.skip_here_fail_there", "passed"))
     ranks[0].append(Case("t.rank0_only", "passed"))
     merged = merge_outcomes(ranks)
     assert merged == {
         "t.ok": "passed",
         "t.one_rank": "failed",
         "t.skip": "skipped",
+        "t.skip_here_fail_there": "failed",
         "t.rank0_only": "failed",
     }
     assert count_outcomes(merged) == {"passed": 1, "failed": 2, "skipped": 1}
