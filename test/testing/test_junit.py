@@ -83,7 +83,7 @@ def test_a_test_fails_if_it_fails_on_any_rank_or_is_missing_from_one():
         "t.skip_here_fail_there": "failed",
         "t.rank0_only": "failed",
     }
-    assert count_outcomes(merged) == {"passed": 1, "failed": 2, "skipped": 1}
+    assert count_outcomes(merged) == {"passed": 1, "failed": 3, "skipped": 1}
 
 
 def test_missing_and_unreadable_reports_are_named(tmp_path):
