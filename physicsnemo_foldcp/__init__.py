@@ -13,7 +13,7 @@ from physicsnemo_foldcp import versions
 versions.check()
 
 from physicsnemo_foldcp import ops
-from physicsnemo_foldcp.data import FoldCPDataModule, ShardedLoader, ShardedSample
+from physicsnemo_foldcp.data import ShardedLoader, ShardedSample
 from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown, wrap_model
 from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec
 from physicsnemo_foldcp.sharding.options import BalanceOptions, ShardingOptions
@@ -39,3 +39,13 @@ __all__ = [
     "shutdown",
     "wrap_model",
 ]
+
+
+def __getattr__(name: str):
+    # FoldCPDataModule subclasses Lightning's data module when Lightning is installed: it
+    # is imported on first use, so that importing the package does not import Lightning.
+    if name == "FoldCPDataModule":
+        from physicsnemo_foldcp.data.datamodule import FoldCPDataModule
+
+        return FoldCPDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

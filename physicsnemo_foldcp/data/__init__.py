@@ -4,13 +4,13 @@
   per step (shuffled training epochs; every index once for inference).
 * :mod:`~physicsnemo_foldcp.data.loader`: :class:`ShardedLoader`, a serial dataset in,
   ShardTensor samples out, with cross-rank error propagation.
-* :mod:`~physicsnemo_foldcp.data.datamodule`: :class:`FoldCPDataModule`, Lightning's
-  method names without the dependency.
+* :mod:`~physicsnemo_foldcp.data.datamodule`: :class:`FoldCPDataModule`, a Lightning
+  data module of sharded loaders (a plain class without Lightning). It is imported on
+  first use, so importing the package never imports Lightning.
 * :mod:`~physicsnemo_foldcp.data.files`: feature dicts stored one per ``.pt`` / ``.npz``.
 * :mod:`~physicsnemo_foldcp.data.synthetic`: realistic synthetic Boltz-1/2 samples.
 """
 
-from physicsnemo_foldcp.data.datamodule import FoldCPDataModule
 from physicsnemo_foldcp.data.files import (
     FeatureFileDataset,
     FeatureFileError,
@@ -55,3 +55,11 @@ __all__ = [
     "save_sample",
     "validate_sample",
 ]
+
+
+def __getattr__(name: str):
+    if name == "FoldCPDataModule":
+        from physicsnemo_foldcp.data.datamodule import FoldCPDataModule
+
+        return FoldCPDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

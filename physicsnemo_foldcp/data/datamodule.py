@@ -1,12 +1,17 @@
-"""A data module with LightningDataModule's method names, without depending on Lightning.
+"""A Lightning data module of sharded loaders (a plain class where Lightning is absent).
 
 :class:`FoldCPDataModule` holds the serial train / val / test / predict datasets and the
 sharding options, and hands out :class:`~physicsnemo_foldcp.data.loader.ShardedLoader`s:
 a training loader (shuffled epochs) from :meth:`~FoldCPDataModule.train_dataloader`, and
-inference loaders (every sample once, in order) for the others. It drops into code written
-for a ``LightningDataModule``; under Lightning itself pass
-``Trainer(use_distributed_sampler=False)``, since the loaders split the data over the
-``ddp`` mesh axis themselves.
+inference loaders (every sample once, in order) for the others.
+
+Where ``pytorch_lightning`` (Boltz's Lightning, the ``boltz`` extra) is installed, the
+class is a real ``pytorch_lightning.LightningDataModule``: ``Trainer.fit(datamodule=...)``
+takes it, and its loader positions go into Lightning's checkpoints through
+:meth:`~FoldCPDataModule.state_dict`. Without Lightning it has the same methods and works
+in any loop. The loaders split the data over the ``ddp`` mesh axis themselves; under
+Lightning train with :class:`~physicsnemo_foldcp.lightning.FoldCPStrategy`, which also
+hands the data module its mesh (``mesh=None``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,16 @@ from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.sharding.options import ShardingOptions
 
+
+def _base_class() -> type:
+    """``pytorch_lightning.LightningDataModule`` when Lightning is installed, else ``object``."""
+    try:
+        from pytorch_lightning import LightningDataModule
+    except ImportError:
+        return object
+    return LightningDataModule
+
+
 STAGES = ("fit", "validate", "test", "predict")
 """Stages of :meth:`FoldCPDataModule.setup` (Lightning's names)."""
 
@@ -34,15 +49,17 @@ _NEEDS = {
 }
 
 
-class FoldCPDataModule:
-    """Serial datasets in, sharded loaders out, with Lightning's data module method names.
+class FoldCPDataModule(_base_class()):
+    """Serial datasets in, sharded loaders out: Lightning's data module over the mesh.
 
     Parameters
     ----------
     train_dataset, val_dataset, predict_dataset : map-style dataset, optional
         Serial datasets (``dataset[i]`` -> feature dict); see :class:`ShardedLoader`.
-    mesh : FoldMesh
-        From :func:`physicsnemo_foldcp.init_mesh`.
+    mesh : FoldMesh, optional
+        From :func:`physicsnemo_foldcp.init_mesh`; ``None`` under a Lightning ``Trainer``
+        whose strategy is :class:`~physicsnemo_foldcp.lightning.FoldCPStrategy` (its mesh
+        is taken when the first loader is built).
     test_dataset : map-style dataset, optional
         Serial test dataset.
     registry : FeatureRegistry, optional
@@ -108,11 +125,8 @@ class FoldCPDataModule:
         scatter_options: Mapping[str, Any] | None = None,
         **sharding_aliases: Any,
     ):
-        if mesh is None:
-            raise TypeError(
-                "FoldCPDataModule needs the mesh: pass mesh=init_mesh(ddp, cp=(cp0, cp1))"
-            )
-        self.mesh = mesh
+        super().__init__()
+        self._mesh = mesh
         self.datasets: dict[str, Any] = {
             "train": train_dataset,
             "val": val_dataset,
@@ -145,6 +159,26 @@ class FoldCPDataModule:
             self.loader_options["scatter_options"] = {"token_bounds": token_bounds}
         self._loaders: dict[str, ShardedLoader] = {}
         self._pending_state: dict[str, Any] = {}
+
+    @property
+    def mesh(self) -> FoldMesh:
+        """The mesh given, or else that of the attached Trainer's ``FoldCPStrategy``.
+
+        Raises
+        ------
+        TypeError
+            When no mesh was given and no Trainer with a ``FoldCPStrategy`` is attached.
+        """
+        if self._mesh is None:
+            strategy = getattr(getattr(self, "trainer", None), "strategy", None)
+            mesh = getattr(strategy, "mesh", None)
+            if not isinstance(mesh, FoldMesh):
+                raise TypeError(
+                    "FoldCPDataModule has no mesh: pass mesh=init_mesh(ddp, cp=(cp0, cp1)), "
+                    "or use it with Trainer(strategy=FoldCPStrategy(...)), which provides it"
+                )
+            self._mesh = mesh
+        return self._mesh
 
     # -- Lightning hooks --------------------------------------------------------------------
 
@@ -250,7 +284,8 @@ class FoldCPDataModule:
         sizes = ", ".join(
             f"{split}={len(ds)}" for split, ds in self.datasets.items() if ds is not None
         )
-        return f"FoldCPDataModule({sizes}; mesh {self.mesh.shape})"
+        mesh = self._mesh.shape if self._mesh is not None else "from the Trainer"
+        return f"FoldCPDataModule({sizes}; mesh {mesh})"
 
 
 __all__ = ["STAGES", "FoldCPDataModule"]

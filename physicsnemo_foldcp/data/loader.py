@@ -468,6 +468,10 @@ class ShardedLoader:
     the same number of steps; all domain groups run the same number of steps per epoch.
     """
 
+    batch_sampler = None
+    """No batch sampler (one sample per step): how Lightning learns to read ``sampler``,
+    whose ``set_epoch`` it calls at every epoch (a no-op for the current epoch)."""
+
     def __init__(
         self,
         dataset: Any,

@@ -8,7 +8,8 @@ Enable it from a ``conftest.py`` with ``pytest_plugins = ["physicsnemo_foldcp.te
 * Fixtures: ``fold_world`` (the started job), ``fold_mesh_factory`` (``(ddp, cp0, cp1)``
   -> cached :class:`~physicsnemo_foldcp.FoldMesh`) and ``fold_mesh``, parametrized
   indirectly with a mesh shape. Parametrizations whose shape does not fit the world size
-  are deselected at collection; a direct request for such a mesh skips.
+  are deselected at collection; a direct request for such a mesh skips. ``shared_dir``:
+  a temporary directory with one path on every rank.
 * The outcome of every phase (setup, call, teardown) of a ``multigpu_static`` test is
   shared: when it fails on one rank it fails on all, with the failing rank's message, so
   every rank runs the same sequence of collectives and no rank waits for a peer that gave
@@ -25,6 +26,9 @@ Enable it from a ``conftest.py`` with ``pytest_plugins = ["physicsnemo_foldcp.te
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -245,6 +249,17 @@ def fold_mesh_factory(fold_world: int):
 def fold_mesh(request: pytest.FixtureRequest, fold_mesh_factory):
     """The mesh named by an indirect parametrization ``(ddp, cp0, cp1)``."""
     return fold_mesh_factory(*request.param)
+
+
+@pytest.fixture
+def shared_dir(fold_world: int):
+    """A temporary directory with the same path on every rank (removed afterwards)."""
+    name = [tempfile.mkdtemp(prefix="foldcp-test-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(name, src=0)
+    yield Path(name[0])
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(name[0], ignore_errors=True)
 
 
 __all__ = ["MARKER", "CollectiveAssertionError", "sync_outcome"]

@@ -193,7 +193,7 @@ def save_checkpoint(
     loader_state: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` (collective: call on every rank).
+    """Write the checkpoint of ``step`` as ``<directory>/step_<step>/`` (collective).
 
     Parameters
     ----------
@@ -224,15 +224,40 @@ def save_checkpoint(
         When ``extra`` or the loader state holds anything but plain data (checked before
         anything is written).
     """
+    final = checkpoint_path(directory, step)
+    write_checkpoint(final, step, model, optimizer, mesh, loader_state=loader_state, extra=extra)
+    return final
+
+
+def write_checkpoint(
+    path: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    mesh: FoldMesh,
+    *,
+    loader_state: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Write a checkpoint directory at ``path``, whatever its name (collective).
+
+    The layout and parameters are those of :func:`save_checkpoint`, which names the
+    directory ``step_<k>``; an existing checkpoint at ``path`` is replaced. With
+    ``optimizer=None`` only the model is written (``load_checkpoint`` with an optimizer
+    then refuses it: the optimizer's tensors are missing).
+    """
     extra = dict(extra or {})
     loader = dict(loader_state) if loader_state is not None else None
     check_plain(extra, "extra")
     check_plain(loader, "loader state")
-    model_state, optim_state = get_state_dict(model, optimizer, options=StateDictOptions())
+    if optimizer is None:
+        model_state, optim_state = get_model_state_dict(model), {}
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer, options=StateDictOptions())
     model_tensors, model_plain = split_plain(model_state, "model")
     optim_tensors, optim_plain = split_plain(optim_state, "optimizer")
     rng = gather_job_rng(mesh)
-    final = checkpoint_path(directory, step)
+    final = Path(path)
     tmp = temporary_sibling(final, unique=False)
 
     def make_room() -> None:
@@ -262,7 +287,6 @@ def save_checkpoint(
     )
     _barrier()
     on_rank_zero(finish, f"writing checkpoint {final}")
-    return final
 
 
 def read_state(path: str | os.PathLike) -> dict[str, Any]:
@@ -436,4 +460,5 @@ __all__ = [
     "load_checkpoint",
     "read_state",
     "save_checkpoint",
+    "write_checkpoint",
 ]

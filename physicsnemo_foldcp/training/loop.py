@@ -321,15 +321,24 @@ def check_batch(features: Mapping[str, Any]) -> None:
                 )
 
 
+def domain_value(value: torch.Tensor) -> torch.Tensor:
+    """The plain tensor a domain group's (Shard/DTensor) value stands for, detached.
+
+    A replicated ShardTensor's local value is the global one (no communication); a
+    ``Partial`` or sharded one is made whole with ``full_tensor()``, a collective over
+    the domain mesh (call it on every rank of the domain). Plain tensors are returned
+    detached.
+    """
+    if isinstance(value, (ShardTensor, DTensor)):
+        if all(p.is_replicate() for p in value.placements):
+            return value.to_local().detach()
+        return value.full_tensor().detach()
+    return value.detach()
+
+
 def loss_value(loss: torch.Tensor) -> float:
-    """The loss as a Python float (a replicated ShardTensor's local value is the global one)."""
-    if isinstance(loss, ShardTensor):
-        if any(p.is_partial() for p in loss.placements):
-            return float(loss.full_tensor())
-        return float(loss.to_local())
-    if isinstance(loss, DTensor):
-        return float(loss.full_tensor())
-    return float(loss)
+    """The loss as a Python float (see :func:`domain_value`)."""
+    return float(domain_value(loss))
 
 
 def forward_backward(
@@ -744,6 +753,7 @@ __all__ = [
     "autocast",
     "build_optimizer",
     "check_batch",
+    "domain_value",
     "forward_backward",
     "loss_value",
     "peak_memory_bytes",

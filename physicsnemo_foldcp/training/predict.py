@@ -32,7 +32,7 @@ import torch
 from physicsnemo.domain_parallel import ShardTensor
 from torch import nn
 
-from physicsnemo_foldcp.data.loader import ShardedLoader
+from physicsnemo_foldcp.data.loader import ShardedLoader, ShardedSample
 from physicsnemo_foldcp.distributed.errors import on_rank_zero
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
@@ -111,7 +111,7 @@ def output_names(record_ids: Sequence[Any]) -> list[str]:
     return names
 
 
-def _planned_names(dataset: Any, mesh: FoldMesh) -> list[str]:
+def planned_names(dataset: Any, mesh: FoldMesh) -> list[str]:
     """:func:`output_names` decided on rank 0, the same names or error on every rank."""
     return on_rank_zero(
         lambda: output_names(dataset_record_ids(dataset)), "planning the prediction files"
@@ -157,6 +157,54 @@ def read_distogram(path: str | os.PathLike) -> torch.Tensor:
 
 
 @torch.no_grad()
+def predict_item(
+    model: nn.Module,
+    item: ShardedSample,
+    *,
+    precision: str = "fp32",
+    output_key: str = "pdistogram",
+) -> torch.Tensor | None:
+    """The serial-layout distogram of one loader item (every rank of its domain).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model, in eval mode, synced over the domain group.
+    item : ShardedSample
+        From an inference :class:`~physicsnemo_foldcp.data.ShardedLoader`.
+    precision : {"fp32", "tf32", "bf16"}, default "fp32"
+        Numerics of the forward pass (autocast for ``bf16``).
+    output_key : str, default "pdistogram"
+        Entry of the model's output dict.
+
+    Returns
+    -------
+    torch.Tensor or None
+        ``[N, N, bins]`` on every rank of the domain (:func:`serial_distogram`); ``None``
+        for a padding item or a skipped sample.
+    """
+    if item.is_padding or not item.has_features:
+        return None
+    features = item.features
+    check_batch(features)
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    with autocast(precision, device):
+        outputs = model(**features)
+    return serial_distogram(outputs[output_key], features)
+
+
+def write_prediction(
+    out_dir: str | os.PathLike,
+    names: Sequence[str],
+    item: ShardedSample,
+    distogram: torch.Tensor,
+) -> Path:
+    """Write ``item``'s distogram as ``<out_dir>/<names[item.index]>`` (the domain source)."""
+    name = names[int(item.index)]
+    return write_distogram(Path(out_dir) / name, distogram, item.record_id or item.index)
+
+
 def predict(
     model: nn.Module,
     mesh: FoldMesh,
@@ -200,7 +248,7 @@ def predict(
     OutputNameError
         Before anything is written, when two samples would write the same file.
     """
-    names = _planned_names(dataset, mesh)
+    names = planned_names(dataset, mesh)
     set_precision(precision)
     model = model.to(mesh.device)
     sync_over_domain(model, mesh)
@@ -210,20 +258,15 @@ def predict(
     )
     result = PredictionResult()
     for item in loader:
-        if item.is_padding:
-            continue
-        if not item.has_features:
+        if not item.is_padding and not item.has_features:
             result.failed[int(item.index)] = str(item.error)
             continue
-        features = item.features
-        check_batch(features)
-        with autocast(precision, mesh.device):
-            outputs = model(**features)
-        distogram = serial_distogram(outputs[output_key], features)
+        distogram = predict_item(model, item, precision=precision, output_key=output_key)
+        if distogram is None:
+            continue
         result.indices.append(int(item.index))
         if mesh.is_domain_source:
-            name = names[int(item.index)]
-            path = write_distogram(Path(out_dir) / name, distogram, item.record_id or item.index)
+            path = write_prediction(out_dir, names, item, distogram)
             result.files.append(str(path))
     if mesh.rank == 0:
         logger.info("wrote %d distogram(s) to %s (rank 0)", len(result.files), out_dir)
@@ -236,8 +279,11 @@ __all__ = [
     "dataset_record_ids",
     "output_name",
     "output_names",
+    "planned_names",
     "predict",
+    "predict_item",
     "read_distogram",
     "serial_distogram",
     "write_distogram",
+    "write_prediction",
 ]

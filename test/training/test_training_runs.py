@@ -2,11 +2,8 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -38,17 +35,6 @@ pytestmark = pytest.mark.multigpu_static
 
 CONFIG = ModelConfig(c_atom=8, c_token=16, c_pair=8, n_blocks=1, n_heads=2)
 mesh_id = lambda s: "x".join(map(str, s))  # noqa: E731
-
-
-@pytest.fixture
-def shared_dir():
-    """A temporary directory with the same path on every rank (removed afterwards)."""
-    name = [tempfile.mkdtemp(prefix="foldcp-test-") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(name, src=0)
-    yield Path(name[0])
-    dist.barrier()
-    if dist.get_rank() == 0:
-        shutil.rmtree(name[0], ignore_errors=True)
 
 
 def fresh_model(seed=5):
