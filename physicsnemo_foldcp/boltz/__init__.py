@@ -18,6 +18,7 @@ from physicsnemo_foldcp.ops.modules import register_module_handler, unregister_m
 
 HANDLER_MODULES: tuple[str, ...] = (
     "attention_pair_bias",
+    "outer_product_mean",
     "pair_averaging",
     "pairformer",
     "triangle_attention",
