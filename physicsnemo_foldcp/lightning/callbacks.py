@@ -18,6 +18,7 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import BasePredictionWriter, Callback
 
+from physicsnemo_foldcp.training.logs import MetricLogger
 from physicsnemo_foldcp.training.predict import planned_names, write_prediction
 
 
@@ -41,11 +42,19 @@ class StepMetrics(Callback):
         resumes from, then appends.
     key : str, default "loss"
         The logged metric written as ``loss``.
+    metric_logger : MetricLogger, optional
+        Also receives each line's ``loss`` and ``seconds`` (MLflow / W&B, rank 0).
     """
 
-    def __init__(self, path: str | os.PathLike, key: str = "loss") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        key: str = "loss",
+        metric_logger: MetricLogger | None = None,
+    ) -> None:
         self.path = Path(path)
         self.key = key
+        self.metric_logger = metric_logger
         self._start = 0.0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -82,6 +91,8 @@ class StepMetrics(Callback):
         }
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
+        if self.metric_logger is not None:
+            self.metric_logger.log({"loss": line["loss"], "seconds": line["seconds"]}, line["step"])
 
 
 class DistogramWriter(BasePredictionWriter):

@@ -76,8 +76,8 @@ def test_loader_orders_length_and_state():
 
 
 def test_datamodule_builds_the_loaders_each_stage_needs():
-    with pytest.raises(TypeError, match="needs the mesh"):
-        FoldCPDataModule(Unloaded(3))
+    with pytest.raises(TypeError, match="has no mesh: pass mesh=init_mesh"):
+        FoldCPDataModule(Unloaded(3)).train_dataloader()
     dm = FoldCPDataModule(Unloaded(5), Unloaded(3), None, MESH, seed=9, max_skips=2)
     with pytest.raises(ValueError, match="stage must be one of"):
         dm.setup("train")

@@ -168,6 +168,51 @@ def test_resume_on_4_ranks_continues_with_the_same_losses(trained, tmp_path):
     assert [again[s] for s in again] == [straight[s] for s in again]
 
 
+@pytest.fixture(scope="module")
+def lightning_trained(tmp_path_factory):
+    """``examples/lightning_train.py`` with the ``trained`` run's overrides, metrics off."""
+    pytest.importorskip("pytorch_lightning")
+    run_dir = tmp_path_factory.mktemp("lightning") / "a"
+    overrides = ["mesh.cp=[2,2]", f"run_dir={run_dir}", "train.progress=false"]
+    proc = launch("lightning_train.py", overrides + ["train.checkpoint_every=5"], 4)
+    assert proc.returncode == 0, tail(proc)
+    return run_dir
+
+
+def float32(curve):
+    """Losses as Lightning logs them (float32; the loop averages in float64)."""
+    return {s: float(torch.tensor(v, dtype=torch.float32)) for s, v in curve.items()}
+
+
+def test_the_lightning_app_gives_the_training_apps_losses_and_parameters(
+    trained, lightning_trained
+):
+    from physicsnemo_foldcp.lightning import FoldModule
+
+    run_dir, _ = trained
+    assert losses(lightning_trained) == float32(losses(run_dir))
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        model_config = OmegaConf.to_container(compose(config_name="train"), resolve=True)["model"]
+    loop_model = build_model(model_config, 0)
+    load_checkpoint(checkpoint_path(run_dir / "checkpoints", 30), loop_model, restore_rng=False)
+    module = FoldModule(build_model(model_config, 1))
+    path = lightning_trained / "checkpoints" / "step_00000030.ckpt"
+    load_checkpoint(path, module, restore_rng=False)
+    theirs = loop_model.state_dict()
+    for name, value in module.model.state_dict().items():
+        assert torch.equal(value, theirs[name]), name
+
+
+def test_the_lightning_app_resumes_with_the_same_losses(lightning_trained, tmp_path):
+    start = lightning_trained / "checkpoints" / "step_00000025.ckpt"
+    overrides = ["mesh.cp=[2,2]", f"run_dir={tmp_path}", "train.progress=false"]
+    proc = launch("lightning_train.py", [*overrides, f"train.resume={start}"], 4)
+    assert proc.returncode == 0, tail(proc)
+    straight, again = losses(lightning_trained), losses(tmp_path)
+    assert sorted(again) == list(range(26, 31)), sorted(again)
+    assert {s: straight[s] for s in again} == again
+
+
 def test_whole_model_compile_on_one_process_gives_the_2x2_losses(trained, tmp_path):
     """1 process (1x1 CP: whole-model compile) and 2x2 CP see the same samples (ddp = 1).
 
