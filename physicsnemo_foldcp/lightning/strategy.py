@@ -52,6 +52,7 @@ from torch.utils.data import DataLoader
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import WRAPPERS, sync_over_domain, wrap_model
+from physicsnemo_foldcp.ops import compat
 from physicsnemo_foldcp.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -121,7 +122,11 @@ class FoldCPStrategy(ParallelStrategy):
     every rank computes on ``mesh.device`` (``cuda:<LOCAL_RANK>`` or CPU). The LightningModule
     builds its optimizer in ``configure_optimizers`` after wrapping, as FSDP2 requires, and
     one optimizer is supported. Prediction and validation run the model unwrapped on
-    each domain group after syncing it from the group's source.
+    each domain group after syncing it from the group's source; a module already sharded
+    by FSDP2 over ``ddp > 1`` is refused for them, since a group with no sample in an
+    uneven last round would skip the forward its peers' parameter all-gathers wait for
+    (the same holds for a validation loop inside ``fit``: keep its size a multiple of
+    ``ddp`` there).
     """
 
     strategy_name = "foldcp"
@@ -269,9 +274,8 @@ class FoldCPStrategy(ParallelStrategy):
             if self.model is not self.lightning_module or isinstance(self.model, FSDPModule):
                 # Through the wrapper's forward, so DDP's and FSDP2's hooks run (FSDP2
                 # shards the LightningModule in place: wrapper and module are one object).
-                return self._forward_redirection(
-                    self.model, self.lightning_module, name, *args, **kwargs
-                )
+                redirect = compat.lightning_forward_redirection(self)
+                return redirect(self.model, self.lightning_module, name, *args, **kwargs)
             return getattr(self.lightning_module, name)(*args, **kwargs)
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Every private name of PhysicsNeMo and torch.distributed this package uses, in one place.
+"""Every private upstream name this package uses (PhysicsNeMo, torch.distributed, Lightning).
 
 Each accessor below reads one private upstream name and states the upstream function and
 the behaviour relied on; ``test/ops/test_compat.py`` has a test per name that fails when
@@ -292,3 +292,18 @@ __all__ = [
     "sharding_shapes",
     "torch_function_fallback",
 ]
+
+
+# -- PyTorch Lightning -----------------------------------------------------------------------
+
+
+def lightning_forward_redirection(strategy: Any) -> Callable[..., Any]:
+    """The strategy's callable that runs a LightningModule method through a wrapper.
+
+    Upstream: ``pytorch_lightning.strategies.Strategy._forward_redirection``, called as
+    ``(wrapper_module, lightning_module, method_name, *args, **kwargs)``. Relied on: it
+    patches the module's ``forward`` for one call of ``wrapper_module(...)``, so the
+    wrapper's forward hooks (DDP's, FSDP2's) run around ``lightning_module.method_name``,
+    and returns that method's result.
+    """
+    return strategy._forward_redirection

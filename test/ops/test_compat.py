@@ -215,3 +215,21 @@ def test_checkpoint_metadata_refers_only_to_the_allowed_globals(tmp_path):
     dtypes = {("torch", "float32"), ("torch", "bfloat16")}
     assert seen - dtypes <= allowed, seen - dtypes - allowed
     assert set(read_metadata(tmp_path).state_dict_metadata) == {"model.w", "model.b"}
+
+
+def test_lightning_forward_redirection_runs_the_method_inside_the_wrappers_forward():
+    pl = pytest.importorskip("pytorch_lightning")
+    calls = []
+
+    class Module(pl.LightningModule):
+        def training_step(self, value):
+            calls.append(("step", value))
+            return value * 2
+
+    module = Module()
+    module.register_forward_pre_hook(lambda *_: calls.append(("hook",)))
+    strategy = pl.strategies.SingleDeviceStrategy(device="cpu")
+    redirect = compat.lightning_forward_redirection(strategy)
+    assert redirect(module, module, "training_step", 21) == 42
+    assert calls == [("hook",), ("step", 21)]
+    assert module.forward.__func__ is pl.LightningModule.forward
