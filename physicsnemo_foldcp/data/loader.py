@@ -46,6 +46,7 @@ from physicsnemo_foldcp.data.sampling import (
     Order,
     Step,
     TrainingOrder,
+    reshard_training_state,
 )
 from physicsnemo_foldcp.distributed.errors import ErrorPayload, RemoteTraceback
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
@@ -568,12 +569,20 @@ class ShardedLoader:
         return {"mode": self.mode, **self.sampler.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; raises ``ValueError`` for another order or mode."""
+        """Resume from :meth:`state_dict`; raises ``ValueError`` for another order or mode.
+
+        A training state taken with another ``ddp`` size continues the same epoch
+        (:func:`~physicsnemo_foldcp.data.sampling.reshard_training_state`; rank 0 warns
+        when samples are seen again or the step moves).
+        """
         if state.get("mode", self.mode) != self.mode:
             raise ValueError(
                 f"cannot resume a {self.mode!r} loader from the state of a {state['mode']!r} one"
             )
-        self.sampler.load_state_dict(dict(state))
+        state, note = reshard_training_state(dict(state), self.order.ddp_size)
+        if note and self.mesh.rank == 0:
+            logger.warning("resuming the training loader: %s", note)
+        self.sampler.load_state_dict(state)
 
     def __repr__(self) -> str:
         return (

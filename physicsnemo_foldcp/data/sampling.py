@@ -49,6 +49,49 @@ def _check_sizes(length: int, ddp_size: int, ddp_rank: int) -> None:
         raise ValueError(f"ddp_rank must be in [0, {ddp_size}), got {ddp_rank}")
 
 
+def reshard_training_state(
+    state: dict[str, Any], ddp_size: int
+) -> tuple[dict[str, Any], str | None]:
+    """A training sampler state taken with another ``ddp`` size, mapped to ``ddp_size``.
+
+    An epoch's order is one permutation of the dataset whatever the ``ddp`` size; step
+    ``s`` of group ``g`` takes its entry ``s * ddp + g``. ``position`` steps on ``D``
+    groups consumed its first ``position * D`` entries, which is position
+    ``position * D // ddp_size`` here (at most the end of the epoch): exact when divisible,
+    otherwise the last few samples are seen again (said in the returned note).
+
+    Parameters
+    ----------
+    state : dict
+        :meth:`EpochSampler.state_dict` (or a loader's, which adds ``mode``).
+    ddp_size : int
+        This run's ``ddp`` size.
+
+    Returns
+    -------
+    tuple[dict, str or None]
+        The state to load, and what changed (``None`` when nothing did: an inference
+        state, or the same ``ddp`` size).
+    """
+    state = dict(state)
+    signature = list(state.get("signature", ()))
+    if len(signature) != 6 or signature[0] != "train" or signature[2] == ddp_size:
+        return state, None
+    _, length, old, seed, shuffle, remainder = signature
+    order = TrainingOrder(int(length), ddp_size, seed=seed, shuffle=shuffle, remainder=remainder)
+    consumed = int(state["position"]) * int(old)
+    state["position"] = min(consumed // ddp_size, order.steps_per_epoch)
+    state["signature"] = list(order.signature())
+    note = (
+        f"the loader state was taken with ddp={old} (epoch {state['epoch']}, {consumed} "
+        f"samples consumed); with ddp={ddp_size} the epoch continues at step "
+        f"{state['position']}"
+    )
+    if consumed % ddp_size and state["position"] < order.steps_per_epoch:
+        note += f", so {consumed % ddp_size} sample(s) of this epoch are seen again"
+    return state, note
+
+
 @dataclass(frozen=True)
 class Step:
     """One step of one domain group.
@@ -376,4 +419,5 @@ __all__ = [
     "Order",
     "Step",
     "TrainingOrder",
+    "reshard_training_state",
 ]

@@ -440,48 +440,6 @@ def run_identity(
     )
 
 
-def reshard_loader_state(state: Mapping[str, Any], ddp_size: int) -> tuple[dict, str | None]:
-    """A training loader state taken with another ``ddp`` size, mapped to ``ddp_size``.
-
-    An epoch's order is one permutation of the dataset whatever the ``ddp`` size; step
-    ``s`` of group ``g`` takes its entry ``s * ddp + g``. ``position`` steps on ``D``
-    groups consumed its first ``position * D`` entries, which is position
-    ``position * D // ddp_size`` here (at most the end of the epoch): exact when divisible,
-    otherwise the last few samples are seen again (said in the returned note).
-
-    Parameters
-    ----------
-    state : Mapping
-        ``ShardedLoader.state_dict()`` from a checkpoint.
-    ddp_size : int
-        This run's ``ddp`` size.
-
-    Returns
-    -------
-    tuple[dict, str or None]
-        The state to load, and what changed (``None`` when nothing did).
-    """
-    state = dict(state)
-    signature = list(state.get("signature", ()))
-    if state.get("mode") != "train" or len(signature) < 3 or signature[2] == ddp_size:
-        return state, None
-    old, position = int(signature[2]), int(state["position"])
-    consumed = position * old
-    length, remainder = int(signature[1]), signature[5] if len(signature) > 5 else "wrap"
-    steps = length // ddp_size if remainder == "drop" else math.ceil(length / ddp_size)
-    state["position"] = min(consumed // ddp_size, steps)
-    signature[2] = ddp_size
-    state["signature"] = signature
-    note = (
-        f"the loader state was taken with ddp={old} (epoch {state['epoch']}, {consumed} "
-        f"samples consumed); with ddp={ddp_size} the epoch continues at step "
-        f"{state['position']}"
-    )
-    if consumed % ddp_size and state["position"] < steps:
-        note += f", so {consumed % ddp_size} sample(s) of this epoch are seen again"
-    return state, note
-
-
 def _mean_over_ddp(value: float, mesh: FoldMesh) -> float:
     if mesh.ddp_size == 1:
         return value
@@ -636,10 +594,7 @@ def train(
         state = load_checkpoint(resume, wrapped, opt, mesh=mesh)
         start_step = int(state["step"])
         if state.get("loader") is not None:
-            loader_state, note = reshard_loader_state(state["loader"], mesh.ddp_size)
-            if note and rank0:
-                logger.warning("resuming %s: %s", resume, note)
-            loader.load_state_dict(loader_state)
+            loader.load_state_dict(state["loader"])
         if rank0:
             logger.info("resumed from %s at step %d", resume, start_step)
     stored_settings = plain_values(asdict(settings))
@@ -758,7 +713,6 @@ __all__ = [
     "loss_value",
     "peak_memory_bytes",
     "plain_values",
-    "reshard_loader_state",
     "run_identity",
     "set_precision",
     "train",

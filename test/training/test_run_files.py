@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from physicsnemo_foldcp.data.sampling import reshard_training_state
 from physicsnemo_foldcp.training.atomic import replace_directory, write_atomic, write_text_atomic
 from physicsnemo_foldcp.training.checkpoint import (
     STATE_NAME,
@@ -19,7 +20,6 @@ from physicsnemo_foldcp.training.checkpoint import (
     load_checkpoint,
     read_state,
 )
-from physicsnemo_foldcp.training.loop import reshard_loader_state
 from physicsnemo_foldcp.training.predict import OutputNameError, output_names
 from physicsnemo_foldcp.training.rng_state import rng_state, set_rng_state
 from physicsnemo_foldcp.training.rundir import (
@@ -160,14 +160,24 @@ def test_another_runs_metrics_are_refused_and_this_runs_trimmed(tmp_path):
 
 
 def test_the_loader_position_maps_to_another_ddp_size():
-    state = {"mode": "train", "epoch": 1, "position": 3, "signature": ["train", 8, 2, 0, 1, "w"]}
-    mapped, note = reshard_loader_state(state, 1)
+    state = {
+        "mode": "train",
+        "epoch": 1,
+        "position": 3,
+        "signature": ["train", 8, 2, 0, True, "wrap"],
+    }
+    mapped, note = reshard_training_state(state, 1)
     assert mapped["position"] == 6 and mapped["signature"][2] == 1 and "ddp=2" in note
-    mapped, note = reshard_loader_state(state, 4)
+    mapped, note = reshard_training_state(state, 4)
     assert mapped["position"] == 1 and "2 sample(s) of this epoch are seen again" in note
-    assert reshard_loader_state(state, 2) == (state, None)
-    end = {"mode": "train", "epoch": 0, "position": 2, "signature": ["train", 3, 2, 0, 1, "wrap"]}
-    assert reshard_loader_state(end, 1)[0]["position"] == 3  # the wrapped step is the end
+    assert reshard_training_state(state, 2) == (state, None)
+    end = {
+        "mode": "train",
+        "epoch": 0,
+        "position": 2,
+        "signature": ["train", 3, 2, 0, True, "wrap"],
+    }
+    assert reshard_training_state(end, 1)[0]["position"] == 3  # the wrapped step is the end
 
 
 # -- prediction names and atomic writes ----------------------------------------------------------
