@@ -76,16 +76,18 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 
 
 def gather_job_rng(mesh: FoldMesh) -> dict[str, Any]:
-    """Every rank's states and the source rank of each replica (collective).
+    """Every rank's states and the source rank of each replica, on rank 0 (collective).
 
     Returns
     -------
     dict[str, Any]
-        ``states``: one :func:`rng_state` per global rank; ``replica_sources``: the
-        global rank of the source of each ``ddp`` replica; ``mesh``: the mesh shape.
+        ``states``: one :func:`rng_state` per global rank (on rank 0; ``None`` entries on
+        the others, which do not write them); ``replica_sources``: the global rank of the
+        source of each ``ddp`` replica; ``mesh``: the mesh shape.
     """
+    rank0 = dist.get_rank() == 0
     states: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(states, rng_state())
+    dist.gather_object(rng_state(), states if rank0 else None, dst=0)
     sources = [int(mesh.mesh.mesh[r, 0, 0]) for r in range(mesh.ddp_size)]
     return {"states": states, "replica_sources": sources, "mesh": list(mesh.shape)}
 
