@@ -67,9 +67,9 @@ def full(t):
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
 
 
-def trainer(mesh, wrapper, steps, callbacks=(), **options):
+def trainer(mesh, wrapper, steps, callbacks=(), strategy=None, **options):
     return pl.Trainer(
-        strategy=FoldCPStrategy(mesh=mesh, wrapper=wrapper),
+        strategy=strategy or FoldCPStrategy(mesh=mesh, wrapper=wrapper),
         accelerator="cpu",
         devices=1,
         max_steps=steps,
@@ -246,10 +246,13 @@ def test_a_partial_value_is_logged_whole(fold_mesh):
             return [0]
 
     module = Logs()
-    trainer(mesh, "auto", 1).fit(module)
+    strategy = FoldCPStrategy(cp=mesh.cp)  # builds (here: finds) the mesh itself
+    trainer(mesh, "auto", 1, strategy=strategy).fit(module)
     seen = module.seen
     collective_assert(
-        seen.get("partial") == expected and seen.get("synced") == expected,
+        strategy.mesh is mesh
+        and seen.get("partial") == expected
+        and seen.get("synced") == expected,
         f"logged {seen}, expected {expected} for both (rank value {rank_value})",
     )
 
