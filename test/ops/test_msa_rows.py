@@ -1,12 +1,12 @@
 """MSA rows picked by a replicated index (``m[:, idx]``): sent from their holders, no gather.
 
-Serial vs distributed on 2x2 to 3x3 meshes, MSA depths 7 and 13 (uneven row blocks),
-N = 23: a random permutation prefix (Boltz-2's subsampling), a full permutation, and
-repeated and negative indices. The forward is exact (``torch.equal``) and laid out as the
-plan lays out an MSA of the new depth; the input gradient matches serial; there is no
-gather event and no collective in the forward, and each rank receives, forward, exactly
-the rows of its output block held by other ranks and, backward, the gradients of the rows
-it sent.
+Serial vs distributed on 1x2 to 3x3 meshes (two replicas on the 1x2 and 2x1 ones), MSA
+depths 7 and 13 (uneven row blocks), N = 23: a random permutation prefix (Boltz-2's
+subsampling), a full permutation, and repeated and negative indices. The forward is exact
+(``torch.equal``) and laid out as the plan lays out an MSA of the new depth; the input
+gradient matches serial; there is no gather event and no collective in the forward, and
+each rank receives, forward, exactly the rows of its output block held by other ranks and,
+backward, the gradients of the rows it sent.
 """
 
 import pytest
@@ -22,7 +22,7 @@ from physicsnemo_foldcp.testing.layouts import TokenLayout
 from physicsnemo_foldcp.testing.parity import close
 
 pytestmark = pytest.mark.multigpu_static
-MESHES = [(1, 2, 2), (1, 2, 3), (1, 3, 2), (1, 3, 3)]
+MESHES = [(2, 1, 2), (2, 2, 1), (1, 2, 2), (1, 2, 3), (1, 3, 2), (1, 3, 3)]
 mesh_id = lambda s: "x".join(map(str, s))  # noqa: E731
 N, CHANNELS = 23, 3
 MSA = ("msa", "tokens", None)
