@@ -34,11 +34,12 @@ the gradient rows back along the same pieces and adds them at their source rows 
 picked more than once accumulates its gradients). Peak extra memory: the pieces sent (one
 row per use of a local row by another rank) and received (at most one output block).
 
-The rule applies to ``x[:, ..., idx, ...]`` with full slices elsewhere, ``idx`` a plain
-1-D integer tensor on the dim ``x`` shards over ``cp0``, and ``x`` sharded over ``cp1``
-on another dim (the MSA layout; a single ``(Shard(d), Replicate())`` keeps the generic
-path, whose replicated result still meets token-sharded features). The index must be the
-same on every rank of the domain; the rule cannot see a rank whose index differs.
+The rule applies to ``x[:, ..., idx, ...]`` with full slices elsewhere and to
+``torch.index_select(x, d, idx)``, where ``d`` is the dim ``x`` shards over ``cp0``, ``idx``
+a plain 1-D integer tensor, and ``x`` is sharded over ``cp1`` on another dim (the MSA
+layout; a single ``(Shard(d), Replicate())`` keeps the generic path, whose replicated
+result still meets token-sharded features). The index must be the same on every rank of
+the domain; the rule cannot see a rank whose index differs.
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ def _row_index(x: ShardTensor, key: Any) -> tuple[int, torch.Tensor] | None:
     return rows.dim, index
 
 
-def pick_rows(x: FoldTensor, dim: int, index: torch.Tensor) -> FoldTensor:
+def pick_rows(x: FoldTensor, dim: int, index: torch.Tensor, negative: bool = True) -> FoldTensor:
     """``x`` indexed by ``index`` on its ``cp0``-sharded dim, laid out as an MSA again.
 
     Parameters
@@ -267,8 +268,11 @@ def pick_rows(x: FoldTensor, dim: int, index: torch.Tensor) -> FoldTensor:
     dim : int
         The dim sharded over ``cp0``.
     index : torch.Tensor
-        Plain 1-D integer ``[k]`` (negative values count from the end), the same on every
-        rank of the domain; it may live on the CPU.
+        Plain 1-D integer ``[k]``, the same on every rank of the domain; it may live on
+        the CPU.
+    negative : bool, default True
+        Whether negative values count from the end (indexing) or are out of range
+        (``index_select``).
 
     Returns
     -------
@@ -285,7 +289,7 @@ def pick_rows(x: FoldTensor, dim: int, index: torch.Tensor) -> FoldTensor:
     mesh: DeviceMesh = x.device_mesh
     depth = compat.global_shape(x)[dim]
     values = index.detach().to("cpu", torch.int64)
-    bad = (values < -depth) | (values >= depth)
+    bad = (values < (-depth if negative else 0)) | (values >= depth)
     if bool(bad.any()):
         value = int(values[bad][0])
         raise IndexError(f"index {value} is out of bounds for dimension {dim} with size {depth}")
@@ -304,20 +308,43 @@ def pick_rows(x: FoldTensor, dim: int, index: torch.Tensor) -> FoldTensor:
     return wrap(out, mesh, x.placements, out_shapes)
 
 
+def _msa_laid_out(x: Any) -> bool:
+    """Whether ``x`` is an untagged FoldTensor with blocks over both mesh dims."""
+    if not isinstance(x, FoldTensor) or tag_of(x) is not None or x.device_mesh.ndim != 2:
+        return False
+    shapes = compat.sharding_shapes(x)
+    return shapes is not None and ROWS in shapes and COLUMNS in shapes
+
+
 def row_index_rule(func: Callable, args: tuple, kwargs: dict) -> Any:
     """``x[:, idx]`` of an MSA-laid-out FoldTensor: :func:`pick_rows`; else not this rule."""
-    if len(args) != 2 or kwargs:
+    if len(args) != 2 or kwargs or not _msa_laid_out(args[0]):
         return NotImplemented
-    x, key = args
-    if not isinstance(x, FoldTensor) or tag_of(x) is not None or x.device_mesh.ndim != 2:
-        return NotImplemented
-    shapes = compat.sharding_shapes(x)
-    if shapes is None or ROWS not in shapes or COLUMNS not in shapes:
-        return NotImplemented
-    found = _row_index(x, key)
+    found = _row_index(args[0], args[1])
     if found is None:
         return NotImplemented
-    return pick_rows(x, *found)
+    return pick_rows(args[0], *found)
 
 
-__all__ = ["PickRows", "RowRoute", "pick_rows", "plan_route", "row_index_rule"]
+def index_select_rule(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``torch.index_select(x, d, idx)`` / ``x.index_select(d, idx)`` on the row dim ``d``."""
+    names = ("input", "dim", "index")
+    bound = dict(zip(names, args))
+    bound.update({k: v for k, v in kwargs.items() if k in names})
+    x, dim, index = (bound.get(name) for name in names)
+    if len(bound) != len(args) + len(kwargs) or not _msa_laid_out(x) or not isinstance(dim, int):
+        return NotImplemented
+    dim %= len(compat.global_shape(x))
+    if index is None or _row_index(x, (slice(None),) * dim + (index,)) is None:
+        return NotImplemented
+    return pick_rows(x, dim, index, negative=False)
+
+
+__all__ = [
+    "PickRows",
+    "RowRoute",
+    "index_select_rule",
+    "pick_rows",
+    "plan_route",
+    "row_index_rule",
+]

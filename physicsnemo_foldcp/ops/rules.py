@@ -280,6 +280,8 @@ TABLE: tuple[Rule, ...] = (
     Rule(DERIVE, PRODUCTS, maps.contraction_rule, "products with a map: local, or refused"),
     Rule(DERIVE, GETITEM, single_pair.getitem_view_rule, "s[:, :, None], s[:, None]: views"),
     Rule(DERIVE, GETITEM, msa_rows.row_index_rule, "m[:, idx]: MSA rows sent to new blocks"),
+    Rule(DERIVE, _funcs("index_select"), msa_rows.index_select_rule,
+         "index_select of MSA rows: as m[:, idx]"),
     Rule(DERIVE, _funcs("unsqueeze"), single_pair.unsqueeze_view_rule, "s.unsqueeze: views"),
     Rule(DERIVE, single_pair.VIEW_PAIR_FUNCS, single_pair.view_pair_rule, "rows (op) columns"),
     Rule(DERIVE, (torch.cdist,), single_pair.cdist_rule, "cdist of two singles: pair tile"),

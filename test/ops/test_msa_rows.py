@@ -112,6 +112,30 @@ def test_msa_rows_picked_by_an_index_match_serial_without_a_gather(fold_mesh, de
     collective_assert(not problems, f"rank {(p, q)}: " + "; ".join(problems))
 
 
+@pytest.mark.parametrize("fold_mesh", MESHES, indirect=True, ids=mesh_id)
+def test_index_select_of_msa_rows_takes_the_same_path(fold_mesh):
+    index = make_index("prefix", 13)
+    m = torch.randn(1, 13, N, CHANNELS, generator=torch.Generator().manual_seed(5))
+    layout = TokenLayout(fold_mesh, N, n_msa=13)
+    problems: list[str] = []
+    for label, pick in (
+        ("torch.index_select", lambda x: torch.index_select(x, 1, index)),
+        ("Tensor.index_select", lambda x: x.index_select(-3, index=index)),
+    ):
+        m_st, m_leaf = layout.shard(m, MSA, requires_grad=True)
+        gathers: list = []
+        with events.observe(gathers.append):
+            out = pick(m_st)
+        out.pow(2).sum().backward()
+        m_ref = m.clone().requires_grad_(True)
+        ref = pick(m_ref)
+        ref.pow(2).sum().backward()
+        if gathers or not torch.equal(out.full_tensor(), ref.detach()):
+            problems.append(f"{label}: gathers {gathers} or a forward that differs")
+        close(m_leaf.grad, layout.local(m_ref.grad, MSA), f"{label}: grad m", problems)
+    collective_assert(not problems, "; ".join(problems))
+
+
 @pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
 def test_an_out_of_range_index_raises_on_every_rank(fold_mesh):
     layout = TokenLayout(fold_mesh, N, n_msa=7)
@@ -119,6 +143,8 @@ def test_an_out_of_range_index_raises_on_every_rank(fold_mesh):
     for bad in (torch.tensor([0, 7]), torch.tensor([-8])):
         with pytest.raises(IndexError, match="out of bounds"):
             m_st[:, bad]
+    with pytest.raises(IndexError, match="out of bounds"):
+        m_st.index_select(1, torch.tensor([-1]))
 
 
 @pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
