@@ -12,7 +12,9 @@ applies to a call wins; a rule passes when the call is not of its form)::
     refuse     in-place ops and out=: a clear error, nothing is half-written
     keep tag   casts, detach, clone, contiguous of a map or view: same blocks, same tag
     derive     map transposes, unit dims, sums, scalings and products; broadcast views
-               of singles and the pair tiles made from them; cdist: a new layout or tag
+               of singles and the pair tiles made from them; cdist; MSA rows picked by
+               a replicated index (:mod:`~physicsnemo_foldcp.ops.msa_rows`): a new
+               layout or tag
     local      elementwise ops, reductions, softmax-like ops, norms, linear, einsum /
                matmul, dim moves, reshapes of trailing dims, indexing, cat, split:
                computed on local blocks (:mod:`physicsnemo_foldcp.ops.blockwise`),
@@ -35,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from physicsnemo.domain_parallel import ShardTensor
 
-from physicsnemo_foldcp.ops import compat, dispatch, families, maps, single_pair
+from physicsnemo_foldcp.ops import compat, dispatch, families, maps, msa_rows, single_pair
 from physicsnemo_foldcp.ops._blocks import ShardingLayoutError, describe
 from physicsnemo_foldcp.ops.events import op_name
 
@@ -277,6 +279,9 @@ TABLE: tuple[Rule, ...] = (
     Rule(DERIVE, maps.MUL_FUNCS + maps.DIV_FUNCS, maps.scale_rule, "map * / factor: same tag"),
     Rule(DERIVE, PRODUCTS, maps.contraction_rule, "products with a map: local, or refused"),
     Rule(DERIVE, GETITEM, single_pair.getitem_view_rule, "s[:, :, None], s[:, None]: views"),
+    Rule(DERIVE, GETITEM, msa_rows.row_index_rule, "m[:, idx]: MSA rows sent to new blocks"),
+    Rule(DERIVE, _funcs("index_select"), msa_rows.index_select_rule,
+         "index_select of MSA rows: as m[:, idx]"),
     Rule(DERIVE, _funcs("unsqueeze"), single_pair.unsqueeze_view_rule, "s.unsqueeze: views"),
     Rule(DERIVE, single_pair.VIEW_PAIR_FUNCS, single_pair.view_pair_rule, "rows (op) columns"),
     Rule(DERIVE, (torch.cdist,), single_pair.cdist_rule, "cdist of two singles: pair tile"),

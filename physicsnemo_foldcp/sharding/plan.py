@@ -86,6 +86,29 @@ def column_block_sizes(row_sizes: Sequence[int], cp1: int) -> list[int]:
     return split_sizes(int(sum(row_sizes)), cp1)
 
 
+def msa_row_sizes(depth: int, cp0: int) -> list[int]:
+    """MSA row blocks over ``cp0`` of an MSA of ``depth`` rows: the one rule for the msa axis.
+
+    The scatter lays out an MSA feature by it (:meth:`ShardingPlan.row_sizes`), and an op
+    that makes an MSA of a new depth (rows picked by an index,
+    :mod:`physicsnemo_foldcp.ops.msa_rows`) lays out its result by it: :func:`split_sizes`,
+    blocks that differ by at most one, the larger first.
+
+    Parameters
+    ----------
+    depth : int
+        MSA depth S (rows).
+    cp0 : int
+        Number of row blocks.
+
+    Returns
+    -------
+    list[int]
+        ``cp0`` block lengths summing to ``depth`` (some are 0 when ``depth < cp0``).
+    """
+    return split_sizes(int(depth), int(cp0))
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -166,7 +189,7 @@ class ShardingPlan:
     rset_bounds : tuple[int, ...] or None
         ``cp0 + 1`` boundaries of the rows of ``rset`` features (rows follow their token).
     msa_rows : int or None
-        MSA depth S, split over ``cp0`` in :func:`split_sizes` blocks.
+        MSA depth S, split over ``cp0`` in :func:`msa_row_sizes` blocks.
     token_multiple : int
         Each row block's token count is padded up to a multiple of this.
     atom_multiple : int
@@ -212,7 +235,7 @@ class ShardingPlan:
         if axis == MSA:
             if self.msa_rows is None:
                 raise FeatureValidationError("the plan has no msa axis (no MSA feature)")
-            return split_sizes(self.msa_rows, self.cp[0])
+            return msa_row_sizes(self.msa_rows, self.cp[0])
         b, m = self._serial_bounds(axis), self._multiple(axis)
         return [_round_up(b[i + 1] - b[i], m) for i in range(self.cp[0])]
 
@@ -645,6 +668,7 @@ __all__ = [
     "even_token_bounds",
     "local_block",
     "local_shape",
+    "msa_row_sizes",
     "sharding_shapes",
     "split_sizes",
 ]

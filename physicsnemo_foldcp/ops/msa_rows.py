@@ -1,0 +1,350 @@
+"""Rows of an MSA picked by a replicated index: ``m[:, idx]``, the rows sent to where they go.
+
+Boltz-2's ``MSAModule`` subsamples the MSA with ``idx = torch.randperm(S)[:k]`` and then
+``m[:, idx]``, ``msa_mask[:, idx]``. An MSA ``[B, S, N, ...]`` has its rows on ``cp0``
+(blocks ``S_t``) and its tokens on ``cp1`` (blocks ``C_q``); ``idx`` is a plain 1-D integer
+tensor, the same on every rank of the domain (the ranks of a domain draw the same numbers,
+:mod:`physicsnemo_foldcp.distributed.rng`).
+
+Why the generic path fails
+--------------------------
+The generic indexing rule (:func:`physicsnemo_foldcp.ops.families.getitem`) treats an
+integer tensor on a sharded dim as reading along it (and every dim after an advanced index
+as moved): it all-gathers the whole MSA over ``cp0`` and ``cp1``, indexes the full tensor
+on every rank, reports a gather, and returns the result ``(Shard(2), Replicate())``, no
+longer laid out as an MSA. Boltz's next layers (``PairWeightedAveraging``,
+``OuterProductMean``) need ``(Shard(1), Shard(2))`` and refuse it
+(``ShardingLayoutError``).
+
+What happens instead (rank ``(p, q)``)
+--------------------------------------
+The result ``[B, k, N, ...]`` is an MSA again: its rows in the plan's MSA row blocks for
+the new depth ``k`` (:func:`~physicsnemo_foldcp.sharding.plan.msa_row_sizes`, blocks
+``O_p``), its other dims as the input's (tokens on ``cp1`` unchanged). Output row ``o`` is
+input row ``idx[o]``, held by the ranks ``(t, *)`` with ``idx[o]`` in ``S_t``. Since every
+rank knows ``idx`` and the blocks, every rank knows who sends what to whom without any
+metadata exchange: rank ``(t, q)`` sends to ``(p, q)`` the rows ``idx[o]`` for ``o`` in
+``O_p`` that it holds; its own rows it copies.
+
+Communication per call, forward and backward alike: point-to-point sends and receives
+(one ``batch_isend_irecv``) among the ranks of one ``cp0`` column (the same token block
+``C_q``), only of non-empty pieces; rank ``(p, q)`` receives exactly the rows of ``O_p``
+held by other ranks (``B x |C_q| x ...`` elements each), none over ``cp1``. Backward sends
+the gradient rows back along the same pieces and adds them at their source rows (a row
+picked more than once accumulates its gradients). Peak extra memory: the pieces sent (one
+row per use of a local row by another rank) and received (at most one output block).
+
+The rule applies to ``x[:, ..., idx, ...]`` with full slices elsewhere and to
+``torch.index_select(x, d, idx)``, where ``d`` is the dim ``x`` shards over ``cp0``, ``idx``
+a plain 1-D integer tensor, and ``x`` is sharded over ``cp1`` on another dim (the MSA
+layout; a single ``(Shard(d), Replicate())`` keeps the generic path, whose replicated
+result still meets token-sharded features). The index must be the same on every rank of
+the domain; the rule cannot see a rank whose index differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from physicsnemo.domain_parallel import ShardTensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Shard
+
+from physicsnemo_foldcp.ops import compat
+from physicsnemo_foldcp.ops._blocks import (
+    COLUMNS,
+    ROWS,
+    block_starts,
+    coordinate,
+    local_of,
+    mesh_sizes,
+)
+from physicsnemo_foldcp.ops.tensor import FoldTensor, tag_of, wrap
+from physicsnemo_foldcp.sharding.plan import msa_row_sizes
+
+# -- routing ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowRoute:
+    """Which rows rank ``(p, q)`` sends, receives and copies for one ``x[:, idx]``.
+
+    Positions are local: ``send`` / ``own_source`` index this rank's input block ``S_p``,
+    ``receive`` / ``own_target`` this rank's output block ``O_p``. Index tensors are int64
+    on the device of the local block.
+
+    Attributes
+    ----------
+    peers : tuple[int, ...]
+        Global rank of ``(t, q)`` for every ``t`` of ``cp0``.
+    p : int
+        This rank's coordinate on ``cp0``.
+    out_sizes : tuple[int, ...]
+        Output row blocks ``O_t`` (:func:`~physicsnemo_foldcp.sharding.plan.msa_row_sizes`).
+    send : tuple[torch.Tensor, ...]
+        For every ``t``: the local input rows rank ``t`` needs, in its output order.
+    receive : tuple[torch.Tensor, ...]
+        For every ``t``: the output positions that rank ``t``'s rows fill, in order.
+    """
+
+    peers: tuple[int, ...]
+    p: int
+    out_sizes: tuple[int, ...]
+    send: tuple[torch.Tensor, ...]
+    receive: tuple[torch.Tensor, ...]
+
+    @property
+    def own_source(self) -> torch.Tensor:
+        """Local input rows this rank copies into its own output block."""
+        return self.send[self.p]
+
+    @property
+    def own_target(self) -> torch.Tensor:
+        """Output positions those copies fill."""
+        return self.receive[self.p]
+
+    def received_rows(self) -> int:
+        """Rows this rank receives from other ranks (per call, forward or backward)."""
+        return sum(int(r.numel()) for t, r in enumerate(self.receive) if t != self.p)
+
+
+def plan_route(
+    index: torch.Tensor,
+    in_sizes: Sequence[int],
+    p: int,
+    peers: Sequence[int],
+    device: torch.device,
+) -> RowRoute:
+    """The :class:`RowRoute` of rank ``p`` of ``cp0`` for rows ``index`` of blocks ``in_sizes``.
+
+    Parameters
+    ----------
+    index : torch.Tensor
+        int64 ``[k]`` on the CPU, values in ``[0, sum(in_sizes))``, the same on every rank.
+    in_sizes : sequence of int
+        Input row blocks ``S_t`` over ``cp0``.
+    p : int
+        This rank's coordinate on ``cp0``.
+    peers : sequence of int
+        Global rank of ``(t, q)`` for every ``t``.
+    device : torch.device
+        Where the index tensors of the route go (the local block's device).
+    """
+    cp0 = len(in_sizes)
+    in_starts = block_starts(in_sizes)
+    ends = torch.tensor([s + n for s, n in zip(in_starts, in_sizes)], dtype=torch.int64)
+    owner = torch.searchsorted(ends, index, right=True)
+    out_sizes = tuple(msa_row_sizes(index.numel(), cp0))
+    out_starts = block_starts(out_sizes)
+    mine = slice(out_starts[p], out_starts[p] + out_sizes[p])
+    send, receive = [], []
+    for t in range(cp0):
+        theirs = slice(out_starts[t], out_starts[t] + out_sizes[t])
+        wanted = index[theirs][owner[theirs] == p] - in_starts[p]
+        send.append(wanted.to(device))
+        filled = (owner[mine] == t).nonzero().flatten()
+        receive.append(filled.to(device))
+    return RowRoute(tuple(int(r) for r in peers), p, out_sizes, tuple(send), tuple(receive))
+
+
+def _exchange(
+    pieces: Sequence[torch.Tensor | None],
+    shapes: Sequence[Sequence[int]],
+    route: RowRoute,
+    like: torch.Tensor,
+) -> list[torch.Tensor | None]:
+    """Send ``pieces[t]`` to every other ``t``; return the pieces of ``shapes`` received.
+
+    Empty pieces are neither sent nor received; the own entry is ``None``. ONE
+    ``batch_isend_irecv`` (nothing when no piece moves).
+    """
+    received: list[torch.Tensor | None] = [None] * len(pieces)
+    ops = []
+    for t, peer in enumerate(route.peers):
+        if t == route.p:
+            continue
+        piece = pieces[t]
+        if piece is not None and piece.numel():
+            ops.append(dist.P2POp(dist.isend, piece.contiguous(), peer))
+        shape = list(shapes[t])
+        if all(shape):
+            buffer = like.new_empty(shape)
+            received[t] = buffer
+            ops.append(dist.P2POp(dist.irecv, buffer, peer))
+    for work in dist.batch_isend_irecv(ops) if ops else ():
+        work.wait()
+    return received
+
+
+def _with_length(shape: Sequence[int], dim: int, length: int) -> list[int]:
+    out = list(shape)
+    out[dim] = int(length)
+    return out
+
+
+class PickRows(torch.autograd.Function):
+    """Output block ``O_p`` of ``x[:, idx]`` from the input blocks ``S_t`` (see the module).
+
+    Forward: this rank's rows copied, the others received from their holders. Backward: the
+    gradient rows sent back to their holders and added at their source rows
+    (``index_add``), so a row picked twice gets both gradients.
+    """
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, dim: int, route: RowRoute) -> torch.Tensor:
+        """``[.., O_p, ..]`` from ``local`` ``[.., S_p, ..]`` (dim ``dim``)."""
+        ctx.dim, ctx.route, ctx.in_length = dim, route, local.shape[dim]
+        pieces = [local.index_select(dim, rows) for rows in route.send]
+        shapes = [_with_length(local.shape, dim, r.numel()) for r in route.receive]
+        received = _exchange(pieces, shapes, route, local)
+        out = local.new_empty(_with_length(local.shape, dim, route.out_sizes[route.p]))
+        out.index_copy_(dim, route.own_target, pieces[route.p])
+        for t, buffer in enumerate(received):
+            if buffer is not None:
+                out.index_copy_(dim, route.receive[t], buffer)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        """The gradient rows home, summed at their source rows."""
+        dim, route = ctx.dim, ctx.route
+        grad = grad.contiguous()
+        pieces = [grad.index_select(dim, positions) for positions in route.receive]
+        shapes = [_with_length(grad.shape, dim, rows.numel()) for rows in route.send]
+        received = _exchange(pieces, shapes, route, grad)
+        out = grad.new_zeros(_with_length(grad.shape, dim, ctx.in_length))
+        out.index_add_(dim, route.own_source, pieces[route.p])
+        for t, buffer in enumerate(received):
+            if buffer is not None:
+                out.index_add_(dim, route.send[t], buffer)
+        return out, None, None
+
+
+# -- the rule --------------------------------------------------------------------------------
+
+
+def _row_index(x: ShardTensor, key: Any) -> tuple[int, torch.Tensor] | None:
+    """``(d, idx)`` when ``key`` is full slices and a plain 1-D integer ``idx`` at dim ``d``."""
+    rows, columns = x.placements
+    if not isinstance(rows, Shard) or not isinstance(columns, Shard) or rows.dim == columns.dim:
+        return None
+    ndim = len(compat.global_shape(x))
+    entries = key if isinstance(key, tuple) else (key,)
+    if sum(1 for e in entries if e is Ellipsis) > 1:
+        return None
+    if Ellipsis in entries:
+        at = next(i for i, e in enumerate(entries) if e is Ellipsis)
+        fill = (slice(None),) * (ndim - len(entries) + 1)
+        entries = entries[:at] + fill + entries[at + 1 :]
+    if len(entries) > ndim or rows.dim >= len(entries):
+        return None
+    index = entries[rows.dim]
+    if (
+        not isinstance(index, torch.Tensor)
+        or isinstance(index, (ShardTensor, DTensor))
+        or index.ndim != 1
+        or index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+    ):
+        return None
+    others = (e for i, e in enumerate(entries) if i != rows.dim)
+    if any(not (isinstance(e, slice) and e == slice(None)) for e in others):
+        return None
+    return rows.dim, index
+
+
+def pick_rows(x: FoldTensor, dim: int, index: torch.Tensor, negative: bool = True) -> FoldTensor:
+    """``x`` indexed by ``index`` on its ``cp0``-sharded dim, laid out as an MSA again.
+
+    Parameters
+    ----------
+    x : FoldTensor
+        ``[B, S, N, ...]`` (any dims), dim ``dim`` sharded over ``cp0`` in blocks ``S_t``,
+        another dim sharded over ``cp1`` (``(Shard(1), Shard(2))`` for an MSA).
+    dim : int
+        The dim sharded over ``cp0``.
+    index : torch.Tensor
+        Plain 1-D integer ``[k]``, the same on every rank of the domain; it may live on
+        the CPU.
+    negative : bool, default True
+        Whether negative values count from the end (indexing) or are out of range
+        (``index_select``).
+
+    Returns
+    -------
+    FoldTensor
+        ``[B, k, N, ...]``, the placements of ``x``; rows in the blocks of
+        :func:`~physicsnemo_foldcp.sharding.plan.msa_row_sizes` for ``k``; differentiable.
+
+    Raises
+    ------
+    IndexError
+        When a value of ``index`` is out of range (on every rank alike: they hold the same
+        index).
+    """
+    mesh: DeviceMesh = x.device_mesh
+    depth = compat.global_shape(x)[dim]
+    values = index.detach().to("cpu", torch.int64)
+    bad = (values < (-depth if negative else 0)) | (values >= depth)
+    if bool(bad.any()):
+        value = int(values[bad][0])
+        raise IndexError(f"index {value} is out of bounds for dimension {dim} with size {depth}")
+    values = torch.where(values < 0, values + depth, values)
+    in_sizes = mesh_sizes(x, ROWS, dim)
+    p, q = coordinate(mesh)
+    peers = [int(r) for r in mesh.mesh[:, q].tolist()]
+    local = local_of(x)
+    route = plan_route(values, in_sizes, p, peers, local.device)
+    out = PickRows.apply(local, dim, route)
+    shapes = compat.sharding_shapes(x)
+    out_shapes = {
+        ROWS: [tuple(_with_length(s, dim, n)) for s, n in zip(shapes[ROWS], route.out_sizes)],
+        COLUMNS: [tuple(_with_length(s, dim, route.out_sizes[p])) for s in shapes[COLUMNS]],
+    }
+    return wrap(out, mesh, x.placements, out_shapes)
+
+
+def _msa_laid_out(x: Any) -> bool:
+    """Whether ``x`` is an untagged FoldTensor with blocks over both mesh dims."""
+    if not isinstance(x, FoldTensor) or tag_of(x) is not None or x.device_mesh.ndim != 2:
+        return False
+    shapes = compat.sharding_shapes(x)
+    return shapes is not None and ROWS in shapes and COLUMNS in shapes
+
+
+def row_index_rule(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``x[:, idx]`` of an MSA-laid-out FoldTensor: :func:`pick_rows`; else not this rule."""
+    if len(args) != 2 or kwargs or not _msa_laid_out(args[0]):
+        return NotImplemented
+    found = _row_index(args[0], args[1])
+    if found is None:
+        return NotImplemented
+    return pick_rows(args[0], *found)
+
+
+def index_select_rule(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``torch.index_select(x, d, idx)`` / ``x.index_select(d, idx)`` on the row dim ``d``."""
+    names = ("input", "dim", "index")
+    bound = dict(zip(names, args))
+    bound.update({k: v for k, v in kwargs.items() if k in names})
+    x, dim, index = (bound.get(name) for name in names)
+    if len(bound) != len(args) + len(kwargs) or not _msa_laid_out(x) or not isinstance(dim, int):
+        return NotImplemented
+    dim %= len(compat.global_shape(x))
+    if index is None or _row_index(x, (slice(None),) * dim + (index,)) is None:
+        return NotImplemented
+    return pick_rows(x, dim, index, negative=False)
+
+
+__all__ = [
+    "PickRows",
+    "RowRoute",
+    "index_select_rule",
+    "pick_rows",
+    "plan_route",
+    "row_index_rule",
+]
