@@ -6,6 +6,7 @@ the optional ``boltz`` package, which ``import physicsnemo_foldcp`` does not imp
 
 from typing import Any
 
+from physicsnemo_foldcp.models.boltz2_config import Boltz2TrunkConfig
 from physicsnemo_foldcp.models.reference import (
     ModelConfig,
     ReferenceFoldModel,
@@ -24,4 +25,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Boltz2Trunk", "ModelConfig", "ReferenceFoldModel", "distogram_loss", "reference_loss"]
+__all__ = [
+    "Boltz2Trunk",
+    "Boltz2TrunkConfig",
+    "ModelConfig",
+    "ReferenceFoldModel",
+    "distogram_loss",
+    "reference_loss",
+]

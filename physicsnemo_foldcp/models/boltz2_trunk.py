@@ -14,6 +14,7 @@ import it, only ``physicsnemo_foldcp.models.boltz2_trunk`` (or the lazily resolv
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -34,6 +35,8 @@ from boltz.model.modules.trunkv2 import (
 )
 from torch import nn
 
+from physicsnemo_foldcp.models.boltz2_config import Boltz2TrunkConfig
+
 #: Width of Boltz-2's per-atom features before the optional groups (``ref_pos`` 3,
 #: ``ref_charge`` 1, ``ref_element`` 128, ``ref_atom_name_chars`` 4 x 64).
 ATOM_FEATURES_BASE = 3 + 1 + 128
@@ -43,59 +46,10 @@ ATOM_BACKBONE_FEATURES = 17
 #: ``res_type`` + ``modified`` + one-hot ``mol_type`` per atom (``use_residue_feats_atoms``).
 ATOM_RESIDUE_FEATURES = 33 + 1 + 4
 
-#: Small defaults (CPU-sized) of the argument dicts, with Boltz-2's feature flags on.
-DEFAULT_EMBEDDER_ARGS: dict[str, Any] = {
-    "atom_encoder_depth": 1,
-    "atom_encoder_heads": 2,
-    "add_method_conditioning": True,
-    "add_modified_flag": True,
-    "add_cyclic_flag": True,
-    "add_mol_type_feat": True,
-}
-DEFAULT_MSA_ARGS: dict[str, Any] = {
-    "msa_s": 8,
-    "msa_blocks": 1,
-    "msa_dropout": 0.15,
-    "z_dropout": 0.25,
-    "pairwise_head_width": 8,
-    "pairwise_num_heads": 2,
-}
-DEFAULT_PAIRFORMER_ARGS: dict[str, Any] = {
-    "num_blocks": 2,
-    "num_heads": 2,
-    "dropout": 0.25,
-    "pairwise_head_width": 8,
-    "pairwise_num_heads": 2,
-}
-
 #: ``Boltz2.__init__`` arguments that :class:`Boltz2Trunk` takes (same names, same
 #: meaning); :meth:`Boltz2Trunk.from_boltz2` copies them from a model's hyperparameters.
-BOLTZ2_TRUNK_HPARAMS = (
-    "atom_s",
-    "atom_z",
-    "token_s",
-    "token_z",
-    "num_bins",
-    "embedder_args",
-    "msa_args",
-    "pairformer_args",
-    "atom_feature_dim",
-    "template_args",
-    "atoms_per_window_queries",
-    "atoms_per_window_keys",
-    "fix_sym_check",
-    "cyclic_pos_enc",
-    "aggregate_distogram",
-    "bond_type_feature",
-    "use_no_atom_char",
-    "use_atom_backbone_feat",
-    "use_residue_feats_atoms",
-    "conditioning_cutoff_min",
-    "conditioning_cutoff_max",
-    "use_templates",
-    "use_templates_v2",
-    "use_kernels",
-    "use_flash_attn",
+BOLTZ2_TRUNK_HPARAMS = tuple(
+    f.name for f in dataclasses.fields(Boltz2TrunkConfig) if f.name != "recycling_steps"
 )
 
 #: Top-level ``Boltz2`` submodules a trunk may hold (``token_bonds_type`` with
@@ -168,11 +122,6 @@ def trunk_state_dict(
     return {k: v for k, v in state_dict.items() if k.split(".", 1)[0] in prefixes}
 
 
-def _plain(args: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A plain dict of an argument mapping (Hydra passes ``DictConfig``)."""
-    return {str(k): v for k, v in (args or {}).items()}
-
-
 class Boltz2Trunk(nn.Module):
     """Boltz-2's trunk (embedding, recycling, MSA module, Pairformer) and distogram head.
 
@@ -182,51 +131,17 @@ class Boltz2Trunk(nn.Module):
 
     Parameters
     ----------
-    atom_s, atom_z : int
-        Atom single and pair widths (the input embedder's atom encoder).
-    token_s, token_z : int
-        Token single ``s`` and pair ``z`` widths.
-    num_bins : int
-        Distogram bins (Boltz-2: 64, the width of ``disto_target``).
-    embedder_args : Mapping, optional
-        Further ``InputEmbedder`` arguments (``atom_encoder_depth``,
-        ``atom_encoder_heads``, ``add_*`` flags); :data:`DEFAULT_EMBEDDER_ARGS` if None.
-    msa_args : Mapping, optional
-        ``MSAModule`` arguments (``msa_s``, ``msa_blocks``, dropouts, head sizes...);
-        :data:`DEFAULT_MSA_ARGS` if None.
-    pairformer_args : Mapping, optional
-        ``PairformerModule`` arguments (``num_blocks``, ``num_heads``, ``dropout``...);
-        :data:`DEFAULT_PAIRFORMER_ARGS` if None.
-    atom_feature_dim : int, optional
-        Width of the per-atom features; derived from the three atom flags
-        (:func:`atom_feature_width`) if None.
-    template_args : Mapping, optional
-        ``TemplateV2Module`` / ``TemplateModule`` arguments (``template_dim``,
-        ``template_blocks``...); required with ``use_templates``.
-    atoms_per_window_queries, atoms_per_window_keys : int
-        Atom attention windows (the atom axis must be padded to a multiple of the first).
-    fix_sym_check, cyclic_pos_enc : bool
-        ``RelativePositionEncoder`` options.
-    aggregate_distogram : bool
-        :meth:`loss` averages the target over the ``K`` conformers (Boltz-2's default).
-    bond_type_feature : bool
-        Add the bond-type embedding ``token_bonds_type`` (reads ``type_bonds``).
-    use_no_atom_char, use_atom_backbone_feat, use_residue_feats_atoms : bool
-        Atom-feature flags of the input embedder.
-    conditioning_cutoff_min, conditioning_cutoff_max : float
-        ``ContactConditioning`` distance range.
-    use_templates, use_templates_v2 : bool
-        Add the template module (``TemplateV2Module`` with ``use_templates_v2``, else
-        ``TemplateModule``) to the pair stack, as ``Boltz2`` does.
-    use_kernels, use_flash_attn : bool
-        Passed to the template, MSA and Pairformer modules on every call (cuequivariance
-        kernels, SDPA attention); off by default (and needed off on a CPU).
-    recycling_steps : int
-        Default number of recycling steps of :meth:`forward` (Boltz runs
-        ``recycling_steps + 1`` passes of the pair stack).
+    config : Boltz2TrunkConfig, optional
+        The hyperparameters (``Boltz2.__init__``'s of the same names); the small defaults
+        otherwise.
+    **overrides : Any
+        Fields of ``config`` to replace (what the Hydra ``model`` group passes:
+        ``Boltz2Trunk(token_z=64, pairformer_args={...})``).
 
     Attributes
     ----------
+    config : Boltz2TrunkConfig
+        The hyperparameters it was built with.
     input_embedder : boltz.model.modules.trunkv2.InputEmbedder
         Atom encoder + atom attention + token features -> ``s_inputs [B, N, token_s]``.
     s_init : nn.Linear
@@ -278,81 +193,52 @@ class Boltz2Trunk(nn.Module):
     )
     compile_regions: ClassVar[tuple[type[nn.Module], ...]] = ()
 
-    def __init__(
-        self,
-        atom_s: int = 16,
-        atom_z: int = 8,
-        token_s: int = 32,
-        token_z: int = 16,
-        num_bins: int = 64,
-        embedder_args: Mapping[str, Any] | None = None,
-        msa_args: Mapping[str, Any] | None = None,
-        pairformer_args: Mapping[str, Any] | None = None,
-        atom_feature_dim: int | None = None,
-        template_args: Mapping[str, Any] | None = None,
-        atoms_per_window_queries: int = 32,
-        atoms_per_window_keys: int = 128,
-        fix_sym_check: bool = True,
-        cyclic_pos_enc: bool = True,
-        aggregate_distogram: bool = True,
-        bond_type_feature: bool = True,
-        use_no_atom_char: bool = False,
-        use_atom_backbone_feat: bool = False,
-        use_residue_feats_atoms: bool = False,
-        conditioning_cutoff_min: float = 4.0,
-        conditioning_cutoff_max: float = 20.0,
-        use_templates: bool = False,
-        use_templates_v2: bool = True,
-        use_kernels: bool = False,
-        use_flash_attn: bool = False,
-        recycling_steps: int = 0,
-    ) -> None:
+    def __init__(self, config: Boltz2TrunkConfig | None = None, **overrides: Any) -> None:
         super().__init__()
-        if recycling_steps < 0:
-            raise ValueError(f"recycling_steps must be >= 0, got {recycling_steps}")
+        config = config or Boltz2TrunkConfig()
+        if overrides:
+            config = Boltz2TrunkConfig(**{**config.to_dict(), **overrides})
+        self.config = c = config
+        atom_feature_dim = c.atom_feature_dim
         if atom_feature_dim is None:
             atom_feature_dim = atom_feature_width(
-                use_no_atom_char, use_atom_backbone_feat, use_residue_feats_atoms
+                c.use_no_atom_char, c.use_atom_backbone_feat, c.use_residue_feats_atoms
             )
-        embedder_args = _plain(DEFAULT_EMBEDDER_ARGS if embedder_args is None else embedder_args)
-        msa_args = _plain(DEFAULT_MSA_ARGS if msa_args is None else msa_args)
-        pairformer_args = _plain(
-            DEFAULT_PAIRFORMER_ARGS if pairformer_args is None else pairformer_args
-        )
-        self.num_bins = num_bins
-        self.aggregate_distogram = aggregate_distogram
-        self.bond_type_feature = bond_type_feature
-        self.use_templates = use_templates
-        self.use_kernels = use_kernels
-        self.use_flash_attn = use_flash_attn
-        self.recycling_steps = recycling_steps
+        token_s, token_z = c.token_s, c.token_z
+        self.num_bins = c.num_bins
+        self.aggregate_distogram = c.aggregate_distogram
+        self.bond_type_feature = c.bond_type_feature
+        self.use_templates = c.use_templates
+        self.use_kernels = c.use_kernels
+        self.use_flash_attn = c.use_flash_attn
+        self.recycling_steps = c.recycling_steps
 
         self.input_embedder = InputEmbedder(
-            atom_s=atom_s,
-            atom_z=atom_z,
+            atom_s=c.atom_s,
+            atom_z=c.atom_z,
             token_s=token_s,
             token_z=token_z,
-            atoms_per_window_queries=atoms_per_window_queries,
-            atoms_per_window_keys=atoms_per_window_keys,
+            atoms_per_window_queries=c.atoms_per_window_queries,
+            atoms_per_window_keys=c.atoms_per_window_keys,
             atom_feature_dim=atom_feature_dim,
-            use_no_atom_char=use_no_atom_char,
-            use_atom_backbone_feat=use_atom_backbone_feat,
-            use_residue_feats_atoms=use_residue_feats_atoms,
-            **embedder_args,
+            use_no_atom_char=c.use_no_atom_char,
+            use_atom_backbone_feat=c.use_atom_backbone_feat,
+            use_residue_feats_atoms=c.use_residue_feats_atoms,
+            **c.embedder_args,
         )
         self.s_init = nn.Linear(token_s, token_s, bias=False)
         self.z_init_1 = nn.Linear(token_s, token_z, bias=False)
         self.z_init_2 = nn.Linear(token_s, token_z, bias=False)
         self.rel_pos = RelativePositionEncoder(
-            token_z, fix_sym_check=fix_sym_check, cyclic_pos_enc=cyclic_pos_enc
+            token_z, fix_sym_check=c.fix_sym_check, cyclic_pos_enc=c.cyclic_pos_enc
         )
         self.token_bonds = nn.Linear(1, token_z, bias=False)
-        if bond_type_feature:
+        if c.bond_type_feature:
             self.token_bonds_type = nn.Embedding(len(const.bond_types) + 1, token_z)
         self.contact_conditioning = ContactConditioning(
             token_z=token_z,
-            cutoff_min=conditioning_cutoff_min,
-            cutoff_max=conditioning_cutoff_max,
+            cutoff_min=c.conditioning_cutoff_min,
+            cutoff_max=c.conditioning_cutoff_max,
         )
         self.s_norm = nn.LayerNorm(token_s)
         self.z_norm = nn.LayerNorm(token_z)
@@ -360,17 +246,12 @@ class Boltz2Trunk(nn.Module):
         self.z_recycle = nn.Linear(token_z, token_z, bias=False)
         boltz_init.gating_init_(self.s_recycle.weight)
         boltz_init.gating_init_(self.z_recycle.weight)
-        if use_templates:
-            if template_args is None:
-                raise ValueError(
-                    "use_templates=True needs template_args (TemplateV2Module / "
-                    "TemplateModule arguments: template_dim, template_blocks, ...)"
-                )
-            template_cls = TemplateV2Module if use_templates_v2 else TemplateModule
-            self.template_module = template_cls(token_z, **_plain(template_args))
-        self.msa_module = MSAModule(token_z=token_z, token_s=token_s, **msa_args)
-        self.pairformer_module = PairformerModule(token_s, token_z, **pairformer_args)
-        self.distogram_module = DistogramModule(token_z, num_bins)
+        if c.use_templates:
+            template_cls = TemplateV2Module if c.use_templates_v2 else TemplateModule
+            self.template_module = template_cls(token_z, **(c.template_args or {}))
+        self.msa_module = MSAModule(token_z=token_z, token_s=token_s, **c.msa_args)
+        self.pairformer_module = PairformerModule(token_s, token_z, **c.pairformer_args)
+        self.distogram_module = DistogramModule(token_z, c.num_bins)
 
     @classmethod
     def from_boltz2(cls, model: nn.Module, *, recycling_steps: int = 0) -> Boltz2Trunk:
@@ -391,7 +272,7 @@ class Boltz2Trunk(nn.Module):
         """
         hparams = dict(model.hparams)
         kwargs = {name: hparams[name] for name in BOLTZ2_TRUNK_HPARAMS if name in hparams}
-        trunk = cls(**kwargs, recycling_steps=recycling_steps)
+        trunk = cls(Boltz2TrunkConfig(**kwargs, recycling_steps=recycling_steps))
         trunk.load_state_dict(trunk_state_dict(model.state_dict()), strict=True)
         return trunk
 

@@ -12,10 +12,12 @@ from boltz.model.models.boltz2 import Boltz2  # noqa: E402
 
 from physicsnemo_foldcp.data.datasets import batched  # noqa: E402
 from physicsnemo_foldcp.data.synthetic import make_complex  # noqa: E402
-from physicsnemo_foldcp.models.boltz2_trunk import (  # noqa: E402
+from physicsnemo_foldcp.models.boltz2_config import (  # noqa: E402
     DEFAULT_EMBEDDER_ARGS,
     DEFAULT_MSA_ARGS,
     DEFAULT_PAIRFORMER_ARGS,
+)
+from physicsnemo_foldcp.models.boltz2_trunk import (  # noqa: E402
     TRUNK_PREFIXES,
     Boltz2Trunk,
     atom_feature_width,
