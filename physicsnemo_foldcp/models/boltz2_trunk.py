@@ -15,6 +15,7 @@ import it, only ``physicsnemo_foldcp.models.boltz2_trunk`` (or the lazily resolv
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -270,7 +271,10 @@ class Boltz2Trunk(nn.Module):
         Boltz2Trunk
             On the CPU, holding copies of ``model``'s trunk weights.
         """
-        hparams = dict(model.hparams)
+        # Boltz2's own defaults (not this config's) for anything the hparams lack.
+        signature = inspect.signature(type(model).__init__).parameters.items()
+        hparams = {n: p.default for n, p in signature if p.default is not inspect.Parameter.empty}
+        hparams.update(model.hparams)
         kwargs = {name: hparams[name] for name in BOLTZ2_TRUNK_HPARAMS if name in hparams}
         trunk = cls(Boltz2TrunkConfig(**kwargs, recycling_steps=recycling_steps))
         trunk.load_state_dict(trunk_state_dict(model.state_dict()), strict=True)
