@@ -185,6 +185,10 @@ class Boltz2Trunk(nn.Module):
     follow the caller's grad mode; as in Boltz, only the last recycling pass records
     them. Boltz-community's FlashPairformer inference route (a CUDA bf16 kernel scope
     that ``Boltz2.forward`` enters in eval mode) is not entered.
+
+    The distogram reads ``z`` only, and Boltz's Pairformer never updates ``z`` from
+    ``s``: :meth:`loss` gives no gradient to ``s_init``, ``s_norm``, ``s_recycle`` or the
+    Pairformer's single updates (in ``Boltz2`` the structure module reads ``s``).
     """
 
     fsdp_units: ClassVar[tuple[type[nn.Module], ...]] = (
