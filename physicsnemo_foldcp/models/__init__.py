@@ -1,5 +1,12 @@
-"""Reference model: serial PyTorch code that runs unchanged on scattered ShardTensors."""
+"""Reference model: serial PyTorch code that runs unchanged on scattered ShardTensors.
 
+``Boltz2Trunk`` (Boltz-2's trunk from Boltz's own modules) is resolved lazily: it needs
+the optional ``boltz`` package, which ``import physicsnemo_foldcp`` does not import.
+"""
+
+from typing import Any
+
+from physicsnemo_foldcp.models.boltz2_config import Boltz2TrunkConfig
 from physicsnemo_foldcp.models.reference import (
     ModelConfig,
     ReferenceFoldModel,
@@ -7,4 +14,22 @@ from physicsnemo_foldcp.models.reference import (
     reference_loss,
 )
 
-__all__ = ["ModelConfig", "ReferenceFoldModel", "distogram_loss", "reference_loss"]
+_LAZY = {"Boltz2Trunk": "physicsnemo_foldcp.models.boltz2_trunk"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "Boltz2Trunk",
+    "Boltz2TrunkConfig",
+    "ModelConfig",
+    "ReferenceFoldModel",
+    "distogram_loss",
+    "reference_loss",
+]

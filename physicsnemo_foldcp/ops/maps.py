@@ -223,14 +223,18 @@ KEEP_TAG_FUNCS: tuple[Callable, ...] = tuple(
     getattr(torch.Tensor, name)
     for name in (
         "float", "double", "half", "bfloat16", "long", "int", "short", "bool", "to",
-        "detach", "clone", "contiguous",
+        "detach", "clone", "contiguous", "repeat_interleave",
     )
-)  # fmt: skip
-"""Ops after which a tagged tensor keeps its tag (computed locally, no communication)."""
+) + (torch.repeat_interleave,)  # fmt: skip
+"""Ops after which a tagged tensor keeps its tag (computed locally, no communication).
+
+``repeat_interleave`` qualifies only when it keeps the shape (``repeats=1``: Boltz's
+``atom_to_token.repeat_interleave(multiplicity, 0)`` with multiplicity 1), a copy;
+:func:`keep_tag_rule` declines any call that changes the local shape."""
 
 
 def keep_tag_rule(func: Callable, args: tuple, kwargs: dict):
-    """Casts, ``detach``, ``clone``, ``contiguous`` of a tagged tensor: same blocks and tag."""
+    """Casts, copies, shape-keeping ``repeat_interleave`` of a tagged tensor: same tag."""
     x = args[0] if args else None
     tag = tag_of(x)
     others = list(args[1:]) + list(kwargs.values())

@@ -2,10 +2,11 @@
 
 Every config group of ``conf/`` has a schema here, registered in Hydra's ConfigStore as
 ``<group>/schema`` (``data/synthetic_schema``, ``data/files_schema``,
-``model/reference_schema``); the group's YAML files select it and only override a value
-deliberately, with a comment saying why. Composition refuses unknown keys and values of
-the wrong type, naming them. Each default is written once: in the schema, or in the class
-or function the schema configures, from which the schema reads it.
+``model/reference_schema``, ``model/boltz2_trunk_schema``); the group's YAML files select
+it and only override a value deliberately, with a comment saying why. Composition refuses
+unknown keys and values of the wrong type, naming them. Each default is written once: in
+the schema, or in the class or function the schema configures, from which the schema
+reads it.
 
 =============  ===============================  ====================================
 group          schema                           defaults from
@@ -13,7 +14,8 @@ group          schema                           defaults from
 ``mesh``       :class:`MeshConfig`              ``init_mesh``'s signature
 ``data``       :class:`SyntheticDataConfig`,    ``SyntheticComplexes``,
                :class:`FilesDataConfig`         ``FeatureFileDataset``, here
-``model``      :data:`REFERENCE_MODEL_SCHEMA`   ``models.ModelConfig``
+``model``      :data:`REFERENCE_MODEL_SCHEMA`,  ``models.ModelConfig``,
+               :data:`BOLTZ2_TRUNK_SCHEMA`      ``models.Boltz2TrunkConfig``
 ``optimizer``  ``loop.OptimizerSettings``       itself
 ``train``      ``loop.TrainSettings``           itself
 ``predict``    :class:`PredictConfig`           here, ``predict()``'s signature
@@ -54,6 +56,7 @@ from physicsnemo_foldcp.data.files import FeatureFileDataset
 from physicsnemo_foldcp.data.loader import ShardedLoader
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
+from physicsnemo_foldcp.models.boltz2_config import Boltz2TrunkConfig
 from physicsnemo_foldcp.models.reference import ModelConfig
 from physicsnemo_foldcp.sharding.options import ShardingOptions
 from physicsnemo_foldcp.training.logs import LoggingSettings
@@ -135,6 +138,9 @@ SHARDING_SCHEMA = schema_of(ShardingOptions)
 
 REFERENCE_MODEL_SCHEMA = schema_of(ModelConfig, target=True)
 """Schema of ``model/reference_schema``: ``_target_`` and the sizes of ``ModelConfig``."""
+
+BOLTZ2_TRUNK_SCHEMA = schema_of(Boltz2TrunkConfig, target=True)
+"""Schema of ``model/boltz2_trunk_schema``: ``_target_`` and ``Boltz2TrunkConfig``'s fields."""
 
 
 @dataclass
@@ -331,6 +337,7 @@ def register_configs() -> None:
         ("data", "synthetic_schema", SyntheticDataConfig),
         ("data", "files_schema", FilesDataConfig),
         ("model", "reference_schema", REFERENCE_MODEL_SCHEMA),
+        ("model", "boltz2_trunk_schema", BOLTZ2_TRUNK_SCHEMA),
         ("optimizer", "schema", OptimizerSettings),
         ("train", "schema", TrainSettings),
         ("predict", "schema", PredictConfig),
@@ -496,6 +503,7 @@ def build_model(model: Mapping[str, Any] | DictConfig, seed: int) -> nn.Module:
 
 
 __all__ = [
+    "BOLTZ2_TRUNK_SCHEMA",
     "DATA_KINDS",
     "REFERENCE_MODEL_SCHEMA",
     "SHARDING_SCHEMA",

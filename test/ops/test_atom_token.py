@@ -353,6 +353,7 @@ def test_tagged_maps_and_what_they_derive_locally_are_truthful(fold_mesh, ops_ca
         "tokens per atom": (a2t.sum(2), dense.sum(2), False),
         "normalized": (a2t / (counts + 1e-6), dense / (dense.sum(1, keepdim=True) + 1e-6), True),
         "scaled": (2.0 * a2t, 2 * dense, True),
+        "repeat_interleave(1, 0)": (a2t.repeat_interleave(1, 0), dense, True),
         "index map": (case.index["atom_to_token"], _padded_index(case), True),
     }
     problems = []
@@ -379,6 +380,7 @@ DERIVED_VIEWS = {
     "float().unsqueeze(0)": lambda m: m.float().unsqueeze(0),
     "to(float32)[None]": lambda m: m.to(torch.float32)[None],
     "float()[None, ...]": lambda m: m.float()[None, ...],
+    "float()[None].repeat_interleave(1, 0)": lambda m: m.float()[None].repeat_interleave(1, 0),
 }
 
 

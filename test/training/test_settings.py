@@ -14,7 +14,12 @@ from torch import nn
 
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
 from physicsnemo_foldcp.distributed.wrappers import resolve_wrapper
-from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel, reference_loss
+from physicsnemo_foldcp.models import (
+    Boltz2TrunkConfig,
+    ModelConfig,
+    ReferenceFoldModel,
+    reference_loss,
+)
 from physicsnemo_foldcp.models.reference import DistogramHead, Transition, TrunkBlock
 from physicsnemo_foldcp.sharding.options import ShardingOptions
 from physicsnemo_foldcp.training import (
@@ -119,6 +124,21 @@ def test_the_model_group_builds_the_same_parameters_as_the_class():
     assert wider.config == ModelConfig(c_token=64)
 
 
+def test_the_boltz2_trunk_group_composes_to_its_config():
+    """model=boltz2_trunk: Boltz2TrunkConfig's defaults; building it needs boltz."""
+    cfg = config("train", ["model=boltz2_trunk"])["model"]
+    assert cfg["_target_"] == "physicsnemo_foldcp.models.boltz2_trunk.Boltz2Trunk"
+    assert {k: v for k, v in cfg.items() if k != "_target_"} == Boltz2TrunkConfig().to_dict()
+    with pytest.raises(ConfigCompositionException, match="model.token_zz"):
+        config("train", ["model=boltz2_trunk", "model.token_zz=8"])
+    pytest.importorskip("boltz")
+    model = build_model(cfg, 0)
+    assert model.config == Boltz2TrunkConfig()
+    shallow = ["model=boltz2_trunk", "model.pairformer_args.num_blocks=1", "model.token_z=8"]
+    model = build_model(config("train", shallow)["model"], 0)
+    assert len(model.pairformer_module.layers) == 1 and model.config.token_z == 8
+
+
 def test_every_default_is_written_once():
     """The composed defaults are those of the classes they configure; YAML only selects."""
     cfg = config("train")
@@ -141,6 +161,7 @@ def test_every_default_is_written_once():
         "predict.yaml": {"data"},
         "optimizer/sgd.yaml": {"name", "lr", "momentum"},
         "model/small.yaml": {"_target_"},
+        "model/boltz2_trunk.yaml": {"_target_"},
         "registry/boltz1.yaml": {"preset"},
         "registry/boltz2.yaml": {"preset"},
     }
