@@ -210,17 +210,6 @@ def test_the_lightning_app_gives_the_training_apps_losses_and_parameters(
         assert torch.equal(value, theirs[name]), name
 
 
-def test_the_lightning_app_resumes_with_the_same_losses(lightning_trained, tmp_path):
-    start = lightning_trained / "checkpoints" / "step_00000005.ckpt"
-    overrides = ["mesh.cp=[2,2]", f"run_dir={tmp_path}", "train.progress=false"]
-    overrides += [f"train.steps={LIGHTNING_STEPS}", f"train.resume={start}"]
-    proc = launch("lightning_train.py", overrides, 4)
-    assert proc.returncode == 0, tail(proc)
-    straight, again = losses(lightning_trained), losses(tmp_path)
-    assert sorted(again) == list(range(6, LIGHTNING_STEPS + 1)), sorted(again)
-    assert {s: straight[s] for s in again} == again
-
-
 def test_whole_model_compile_on_one_process_gives_the_2x2_losses(trained, tmp_path):
     """1 process (1x1 CP: whole-model compile) and 2x2 CP see the same samples (ddp = 1).
 
