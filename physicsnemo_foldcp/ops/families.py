@@ -601,6 +601,18 @@ def one_hot(func: Callable, args: tuple, kwargs: dict) -> Any:
     return _run(func, args, kwargs, DimMap(lambda k, d: d if k == 0 else None))
 
 
+def embedding(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``F.embedding(indices, table)``: one table row per local index, a new last dim.
+
+    The table is a plain (replicated) parameter; each rank looks up its own indices, so
+    the result keeps the indices' blocks (a pair tile of bond types gives a pair tile).
+    ``max_norm`` renormalises the table in place from the looked-up rows: refused here.
+    """
+    if _arg(args, kwargs, 3, ("max_norm",), None) is not None:
+        return NotImplemented
+    return _run(func, args, kwargs, DimMap(lambda k, d: d if k == 0 else None))
+
+
 def repeat_interleave(func: Callable, args: tuple, kwargs: dict) -> Any:
     """``repeat_interleave(repeats, dim)`` with an integer ``repeats``: reads along ``dim``."""
     repeats = _arg(args, kwargs, 1, ("repeats",), None)
@@ -633,6 +645,7 @@ __all__ = [
     "linear",
     "matmul",
     "one_hot",
+    "embedding",
     "permutation",
     "reduction",
     "repeat_interleave",

@@ -309,6 +309,7 @@ TABLE: tuple[Rule, ...] = (
     Rule(LOCAL, NARROW, families.split(False, 1), "narrow"),
     Rule(LOCAL, SPLITS_REMOVING_DIM, families.split(True, 1), "unbind / select"),
     Rule(LOCAL, (F.one_hot,), families.one_hot, "F.one_hot with num_classes"),
+    Rule(LOCAL, (F.embedding,), families.embedding, "F.embedding: table rows of local indices"),
     Rule(LOCAL, _funcs("repeat_interleave"), families.repeat_interleave, "repeat_interleave"),
 )  # fmt: skip
 """The rows, in the order rules are tried."""

@@ -196,3 +196,30 @@ def test_any_and_all_over_sharded_dims_reduce_without_gathering(fold_mesh):
     values = torch.cat([op(s_serial, z_serial).flatten() for op in FLAGS.values()])
     collective_assert(bool(values.any()) and not bool(values.all()), "flags are all equal")
     collective_assert(not problems, "; ".join(problems))
+
+
+@pytest.mark.parametrize("fold_mesh", GENERIC_MESHES, indirect=True, ids=str)
+def test_an_embedding_of_a_pair_tile_of_indices_stays_a_tile(fold_mesh):
+    """``nn.Embedding`` of bond types on a pair tile (Boltz-2's ``token_bonds_type``):
+    the serial output and table gradient, no gather."""
+    from physicsnemo_foldcp.ops import events
+    from physicsnemo_foldcp.testing.parity import close
+
+    _, z_serial, layout = single_and_pair(fold_mesh, seed=5)
+    types = (z_serial[..., 0].abs() * 3).long().clamp(max=6)  # [1, N, N], values 0..6
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(7, 4)
+    reference = torch.nn.Embedding(7, 4)
+    reference.load_state_dict(table.state_dict())
+    indices, _ = layout.shard(types, ("tokens", "tokens"))
+    gathers: list = []
+    with events.observe(gathers.append):
+        out = table(indices)
+    (out * out).sum().backward()
+    ref = reference(types)
+    (ref * ref).sum().backward()
+    problems = [f"gathered {[e.reason for e in gathers]}"] if gathers else []
+    close(out.full_tensor(), ref.detach(), "output", problems)
+    close(table.weight.grad, reference.weight.grad, "table gradient", problems)
+    collective_assert(len(set(types.flatten().tolist())) > 3, "too few bond types drawn")
+    collective_assert(not problems, "; ".join(problems))
