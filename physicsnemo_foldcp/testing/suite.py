@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", type=int, nargs="*", default=[4, 6, 8, 9])
     parser.add_argument("--no-serial", action="store_true", help="skip the serial part")
     parser.add_argument("--tests", default="test", help="test directory or files")
-    parser.add_argument("--part-timeout", type=float, default=900.0, help="seconds per part")
+    parser.add_argument("--part-timeout", type=float, default=1500.0, help="seconds per part")
     parser.add_argument("--test-timeout", type=float, default=600.0, help="seconds per test")
     parser.add_argument("--log-dir", default="test-logs")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
