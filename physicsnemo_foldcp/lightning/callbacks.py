@@ -20,6 +20,7 @@ from pytorch_lightning.callbacks import BasePredictionWriter, Callback
 
 from physicsnemo_foldcp.training.logs import MetricLogger
 from physicsnemo_foldcp.training.predict import planned_names, write_prediction
+from physicsnemo_foldcp.training.rundir import trim_metrics
 
 
 def _mesh(trainer: pl.Trainer) -> Any:
@@ -63,12 +64,8 @@ class StepMetrics(Callback):
         if not trainer.is_global_zero:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                if line.strip() and json.loads(line)["step"] <= trainer.global_step:
-                    kept.append(line + "\n")
-        self.path.write_text("".join(kept))
+            trim_metrics(self.path, trainer.global_step)
 
     def on_train_batch_end(
         self,
@@ -79,11 +76,11 @@ class StepMetrics(Callback):
         batch_idx: int,
     ) -> None:
         """Append the step's line (rank 0)."""
+        value = trainer.callback_metrics.get(self.key)
+        if value is None:  # checked on every rank: the module logs on every rank
+            raise KeyError(f"StepMetrics: the module logged no {self.key!r} this step")
         if not trainer.is_global_zero:
             return
-        value = trainer.callback_metrics.get(self.key)
-        if value is None:
-            raise KeyError(f"StepMetrics: the module logged no {self.key!r} this step")
         line = {
             "step": int(trainer.global_step),
             "loss": float(value),
