@@ -30,7 +30,6 @@ trunkv2 = pytest.importorskip("boltz.model.modules.trunkv2")
 const = pytest.importorskip("boltz.data.const")
 
 pytestmark = pytest.mark.multigpu_static
-MESHES = [(1, 2, 2), (1, 2, 3), (1, 3, 2)]
 mesh_id = lambda s: "x".join(map(str, s))  # noqa: E731
 N, MSA_ROWS, SUBSAMPLED = 23, 13, 5
 SIZES = {"msa_s": 8, "token_z": 16, "token_s": 12, "msa_blocks": 2,
@@ -86,12 +85,25 @@ def expected_gather(event: events.GatherEvent) -> bool:
     )
 
 
-@pytest.mark.parametrize("fold_mesh", MESHES, indirect=True, ids=mesh_id)
-@pytest.mark.parametrize(
-    ("dropout", "training"),
-    [(0.0, True), (0.25, True), (0.25, False)],
-    ids=["train-no-dropout", "train-dropout", "eval"],
-)
+# Every mode on 2x2; the non-square meshes once each (train with dropout, eval).
+CASES = [
+    ((1, 2, 2), 0.0, True),
+    ((1, 2, 2), 0.25, True),
+    ((1, 2, 2), 0.25, False),
+    ((1, 2, 3), 0.25, True),
+    ((1, 3, 2), 0.25, False),
+]
+
+
+def case_id(value):
+    if isinstance(value, tuple):
+        return mesh_id(value)
+    if isinstance(value, bool):
+        return "train" if value else "eval"
+    return f"dropout{value}"
+
+
+@pytest.mark.parametrize("fold_mesh,dropout,training", CASES, indirect=["fold_mesh"], ids=case_id)
 def test_msa_module_subsampling_matches_serial(fold_mesh, dropout, training):
     module = make_module(dropout, training)
     serial = copy.deepcopy(module)
