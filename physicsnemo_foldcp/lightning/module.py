@@ -30,15 +30,12 @@ class Prediction:
 
     Attributes
     ----------
-    index : int
-        Dataset index of the sample.
     item : ShardedSample
-        The loader item (record id, features).
+        The loader item (dataset index, record id, features).
     distogram : torch.Tensor
         ``[N, N, bins]`` in the serial token layout, on every rank of the domain.
     """
 
-    index: int
     item: ShardedSample
     distogram: torch.Tensor
 
@@ -112,7 +109,7 @@ class FoldModule(pl.LightningModule):
         distogram = predict_item(self.model, batch, output_key=self.output_key)
         if distogram is None:
             return None
-        return Prediction(int(batch.index), batch, distogram)
+        return Prediction(batch, distogram)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """The loop's optimizer over the model (built after the strategy wrapped it)."""
