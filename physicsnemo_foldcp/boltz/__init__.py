@@ -17,6 +17,7 @@ import importlib
 from physicsnemo_foldcp.ops.modules import register_module_handler, unregister_module_handler
 
 HANDLER_MODULES: tuple[str, ...] = (
+    "atom_attention",
     "attention_pair_bias",
     "outer_product_mean",
     "pair_averaging",

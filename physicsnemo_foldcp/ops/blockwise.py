@@ -36,7 +36,7 @@ runs on full tensors) is reported through :mod:`physicsnemo_foldcp.ops.events`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +140,10 @@ class Operand:
 
 
 def tensor_leaves(args: tuple, kwargs: dict) -> Iterator[tuple[tuple, Any]]:
-    """``(path, tensor)`` of every tensor in ``args`` and ``kwargs`` (lists looked into)."""
+    """``(path, tensor)`` of every tensor in ``args`` and ``kwargs``.
+
+    Lists, tuples and mappings (a module's feature dict) are looked into.
+    """
 
     def walk(obj: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
         if isinstance(obj, torch.Tensor):
@@ -148,6 +151,9 @@ def tensor_leaves(args: tuple, kwargs: dict) -> Iterator[tuple[tuple, Any]]:
         elif isinstance(obj, (list, tuple)):
             for i, item in enumerate(obj):
                 yield from walk(item, (*path, i))
+        elif isinstance(obj, Mapping):
+            for key, item in obj.items():
+                yield from walk(item, (*path, key))
 
     for i, a in enumerate(args):
         yield from walk(a, ("args", i))
@@ -156,7 +162,10 @@ def tensor_leaves(args: tuple, kwargs: dict) -> Iterator[tuple[tuple, Any]]:
 
 
 def replace_leaves(args: tuple, kwargs: dict, new: dict[tuple, Any]) -> tuple[tuple, dict]:
-    """``(args, kwargs)`` with the tensor at each path of ``new`` replaced."""
+    """``(args, kwargs)`` with the tensor at each path of ``new`` replaced.
+
+    A mapping that holds a replaced tensor comes back as a plain ``dict``.
+    """
 
     def rebuild(obj: Any, path: tuple) -> Any:
         if path in new:
@@ -164,6 +173,10 @@ def replace_leaves(args: tuple, kwargs: dict, new: dict[tuple, Any]) -> tuple[tu
         if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Tensor):
             items = [rebuild(item, (*path, i)) for i, item in enumerate(obj)]
             return type(obj)(items) if isinstance(obj, list) else tuple(items)
+        if isinstance(obj, Mapping) and any(
+            len(p) > len(path) and p[: len(path)] == path for p in new
+        ):
+            return {key: rebuild(item, (*path, key)) for key, item in obj.items()}
         return obj
 
     out_args = tuple(rebuild(a, ("args", i)) for i, a in enumerate(args))

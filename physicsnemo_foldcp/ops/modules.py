@@ -99,37 +99,49 @@ def unregister_module_handler(cls: type[nn.Module]) -> None:
         delattr(cls, "forward")
 
 
-def tile_parameters(module: nn.Module, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
-    """The module's parameters for use on every rank's own pair tile.
+def tile_parameters(
+    module: nn.Module, mesh: DeviceMesh, mesh_dims: tuple[int, ...] = (ROWS, COLUMNS)
+) -> dict[str, torch.Tensor]:
+    """The module's parameters for use on every rank's own blocks.
 
     Each rank computes, from its blocks, a part of every parameter's gradient; the
     returned tensors (views of the parameters) sum those parts in backward: ONE all-reduce
-    over ``cp0`` and ONE over ``cp1`` of all gradients flattened together
+    per mesh dim of ``mesh_dims`` of all gradients flattened together
     (:class:`~physicsnemo_foldcp.ops._blocks.TileParameters`). Without grad, the
     parameters themselves.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The module whose parameters are used.
+    mesh : DeviceMesh
+        The ``(cp0, cp1)`` domain mesh.
+    mesh_dims : tuple[int, ...], default (cp0, cp1)
+        The mesh dims whose ranks compute different parts: both for a pair tile, ``cp0``
+        only for row blocks that the ranks of ``cp1`` compute alike.
     """
     params = dict(module.named_parameters())
     trained = [name for name, p in params.items() if p.requires_grad]
     if not (torch.is_grad_enabled() and trained):
         return params
-    shared = TileParameters.apply(mesh, (ROWS, COLUMNS), *(params[n] for n in trained))
+    shared = TileParameters.apply(mesh, tuple(mesh_dims), *(params[n] for n in trained))
     return {**params, **dict(zip(trained, shared))}
 
 
 def submodule_caller(
     module: nn.Module, params: dict[str, torch.Tensor]
 ) -> Callable[..., torch.Tensor]:
-    """``call(name, *inputs)``: submodule ``name``'s own forward with ``params`` in place.
+    """``call(name, *inputs, **kwargs)``: submodule ``name``'s own forward with ``params``.
 
     ``params`` are keyed like ``module.named_parameters()`` (e.g. :func:`tile_parameters`);
     the submodule runs through :func:`torch.func.functional_call`, so its own forward (and
     dtype handling) is kept.
     """
 
-    def call(name: str, *inputs: torch.Tensor) -> torch.Tensor:
+    def call(name: str, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         prefix = name + "."
         own = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
-        return functional_call(module.get_submodule(name), own, inputs)
+        return functional_call(module.get_submodule(name), own, inputs, kwargs)
 
     return call
 

@@ -45,11 +45,9 @@ the domain; the rule cannot see a rank whose index differs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -64,63 +62,21 @@ from physicsnemo_foldcp.ops._blocks import (
     local_of,
     mesh_sizes,
 )
+from physicsnemo_foldcp.ops.row_routes import RouteRows, RowRoute, plan_route, with_length
 from physicsnemo_foldcp.ops.tensor import FoldTensor, tag_of, wrap
 from physicsnemo_foldcp.sharding.plan import msa_row_sizes
 
 # -- routing ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RowRoute:
-    """Which rows rank ``(p, q)`` sends, receives and copies for one ``x[:, idx]``.
-
-    Positions are local: ``send`` / ``own_source`` index this rank's input block ``S_p``,
-    ``receive`` / ``own_target`` this rank's output block ``O_p``. Index tensors are int64
-    on the device of the local block.
-
-    Attributes
-    ----------
-    peers : tuple[int, ...]
-        Global rank of ``(t, q)`` for every ``t`` of ``cp0``.
-    p : int
-        This rank's coordinate on ``cp0``.
-    out_sizes : tuple[int, ...]
-        Output row blocks ``O_t`` (:func:`~physicsnemo_foldcp.sharding.plan.msa_row_sizes`).
-    send : tuple[torch.Tensor, ...]
-        For every ``t``: the local input rows rank ``t`` needs, in its output order.
-    receive : tuple[torch.Tensor, ...]
-        For every ``t``: the output positions that rank ``t``'s rows fill, in order.
-    """
-
-    peers: tuple[int, ...]
-    p: int
-    out_sizes: tuple[int, ...]
-    send: tuple[torch.Tensor, ...]
-    receive: tuple[torch.Tensor, ...]
-
-    @property
-    def own_source(self) -> torch.Tensor:
-        """Local input rows this rank copies into its own output block."""
-        return self.send[self.p]
-
-    @property
-    def own_target(self) -> torch.Tensor:
-        """Output positions those copies fill."""
-        return self.receive[self.p]
-
-    def received_rows(self) -> int:
-        """Rows this rank receives from other ranks (per call, forward or backward)."""
-        return sum(int(r.numel()) for t, r in enumerate(self.receive) if t != self.p)
-
-
-def plan_route(
+def plan_msa_route(
     index: torch.Tensor,
     in_sizes: Sequence[int],
     p: int,
     peers: Sequence[int],
     device: torch.device,
 ) -> RowRoute:
-    """The :class:`RowRoute` of rank ``p`` of ``cp0`` for rows ``index`` of blocks ``in_sizes``.
+    """The :class:`~physicsnemo_foldcp.ops.row_routes.RowRoute` of rank ``p`` for ``x[:, idx]``.
 
     Parameters
     ----------
@@ -135,94 +91,9 @@ def plan_route(
     device : torch.device
         Where the index tensors of the route go (the local block's device).
     """
-    cp0 = len(in_sizes)
-    in_starts = block_starts(in_sizes)
-    ends = torch.tensor([s + n for s, n in zip(in_starts, in_sizes)], dtype=torch.int64)
-    owner = torch.searchsorted(ends, index, right=True)
-    out_sizes = tuple(msa_row_sizes(index.numel(), cp0))
-    out_starts = block_starts(out_sizes)
-    mine = slice(out_starts[p], out_starts[p] + out_sizes[p])
-    send, receive = [], []
-    for t in range(cp0):
-        theirs = slice(out_starts[t], out_starts[t] + out_sizes[t])
-        wanted = index[theirs][owner[theirs] == p] - in_starts[p]
-        send.append(wanted.to(device))
-        filled = (owner[mine] == t).nonzero().flatten()
-        receive.append(filled.to(device))
-    return RowRoute(tuple(int(r) for r in peers), p, out_sizes, tuple(send), tuple(receive))
-
-
-def _exchange(
-    pieces: Sequence[torch.Tensor | None],
-    shapes: Sequence[Sequence[int]],
-    route: RowRoute,
-    like: torch.Tensor,
-) -> list[torch.Tensor | None]:
-    """Send ``pieces[t]`` to every other ``t``; return the pieces of ``shapes`` received.
-
-    Empty pieces are neither sent nor received; the own entry is ``None``. ONE
-    ``batch_isend_irecv`` (nothing when no piece moves).
-    """
-    received: list[torch.Tensor | None] = [None] * len(pieces)
-    ops = []
-    for t, peer in enumerate(route.peers):
-        if t == route.p:
-            continue
-        piece = pieces[t]
-        if piece is not None and piece.numel():
-            ops.append(dist.P2POp(dist.isend, piece.contiguous(), peer))
-        shape = list(shapes[t])
-        if all(shape):
-            buffer = like.new_empty(shape)
-            received[t] = buffer
-            ops.append(dist.P2POp(dist.irecv, buffer, peer))
-    for work in dist.batch_isend_irecv(ops) if ops else ():
-        work.wait()
-    return received
-
-
-def _with_length(shape: Sequence[int], dim: int, length: int) -> list[int]:
-    out = list(shape)
-    out[dim] = int(length)
-    return out
-
-
-class PickRows(torch.autograd.Function):
-    """Output block ``O_p`` of ``x[:, idx]`` from the input blocks ``S_t`` (see the module).
-
-    Forward: this rank's rows copied, the others received from their holders. Backward: the
-    gradient rows sent back to their holders and added at their source rows
-    (``index_add``), so a row picked twice gets both gradients.
-    """
-
-    @staticmethod
-    def forward(ctx, local: torch.Tensor, dim: int, route: RowRoute) -> torch.Tensor:
-        """``[.., O_p, ..]`` from ``local`` ``[.., S_p, ..]`` (dim ``dim``)."""
-        ctx.dim, ctx.route, ctx.in_length = dim, route, local.shape[dim]
-        pieces = [local.index_select(dim, rows) for rows in route.send]
-        shapes = [_with_length(local.shape, dim, r.numel()) for r in route.receive]
-        received = _exchange(pieces, shapes, route, local)
-        out = local.new_empty(_with_length(local.shape, dim, route.out_sizes[route.p]))
-        out.index_copy_(dim, route.own_target, pieces[route.p])
-        for t, buffer in enumerate(received):
-            if buffer is not None:
-                out.index_copy_(dim, route.receive[t], buffer)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        """The gradient rows home, summed at their source rows."""
-        dim, route = ctx.dim, ctx.route
-        grad = grad.contiguous()
-        pieces = [grad.index_select(dim, positions) for positions in route.receive]
-        shapes = [_with_length(grad.shape, dim, rows.numel()) for rows in route.send]
-        received = _exchange(pieces, shapes, route, grad)
-        out = grad.new_zeros(_with_length(grad.shape, dim, ctx.in_length))
-        out.index_add_(dim, route.own_source, pieces[route.p])
-        for t, buffer in enumerate(received):
-            if buffer is not None:
-                out.index_add_(dim, route.send[t], buffer)
-        return out, None, None
+    out_starts = block_starts(msa_row_sizes(index.numel(), len(in_sizes)))
+    wanted = [index[a:b] for a, b in zip(out_starts, [*out_starts[1:], index.numel()])]
+    return plan_route(wanted, in_sizes, p, peers, device)
 
 
 # -- the rule --------------------------------------------------------------------------------
@@ -298,12 +169,12 @@ def pick_rows(x: FoldTensor, dim: int, index: torch.Tensor, negative: bool = Tru
     p, q = coordinate(mesh)
     peers = [int(r) for r in mesh.mesh[:, q].tolist()]
     local = local_of(x)
-    route = plan_route(values, in_sizes, p, peers, local.device)
-    out = PickRows.apply(local, dim, route)
+    route = plan_msa_route(values, in_sizes, p, peers, local.device)
+    out = RouteRows.apply(local, dim, route)
     shapes = compat.sharding_shapes(x)
     out_shapes = {
-        ROWS: [tuple(_with_length(s, dim, n)) for s, n in zip(shapes[ROWS], route.out_sizes)],
-        COLUMNS: [tuple(_with_length(s, dim, route.out_sizes[p])) for s in shapes[COLUMNS]],
+        ROWS: [tuple(with_length(s, dim, n)) for s, n in zip(shapes[ROWS], route.out_sizes)],
+        COLUMNS: [tuple(with_length(s, dim, route.out_sizes[p])) for s in shapes[COLUMNS]],
     }
     return wrap(out, mesh, x.placements, out_shapes)
 
@@ -341,10 +212,8 @@ def index_select_rule(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 __all__ = [
-    "PickRows",
-    "RowRoute",
     "index_select_rule",
     "pick_rows",
-    "plan_route",
+    "plan_msa_route",
     "row_index_rule",
 ]

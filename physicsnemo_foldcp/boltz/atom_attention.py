@@ -1,0 +1,253 @@
+"""Boltz-2's atom encoder and windowed atom transformer on atoms scattered with their tokens.
+
+``AtomEncoder`` (encodersv2) embeds the atoms and builds the atom pair features of every
+window of ``W`` query atoms and ``H`` key atoms; ``AtomTransformer`` (transformersv2) runs
+a ``DiffusionTransformer`` on those windows. Run op by op, both ``view`` the atom axis into
+windows and build the keys with an ``einsum`` over the sharded atom axis
+(:mod:`physicsnemo_foldcp.ops.atom_windows` says why that fails on scattered atoms).
+
+The distributed forwards here cut this rank's atoms at window boundaries
+(:class:`~physicsnemo_foldcp.ops.atom_windows.AtomWindows`) and run the module's own
+submodules (``torch.func.functional_call``) on the windows that start in this rank's atom
+block, with keys that include the halo atoms of the neighbouring ranks: every window,
+key and pair feature is the serial one. Each rank's parameter gradients are the part of
+its windows; they are summed over ``cp0`` (the ranks of one ``cp0`` row block compute the
+same windows, so not over ``cp1``).
+
+Layouts (over ``(cp0, cp1)``): atom tensors ``[B, A, ...]`` are ``(Shard(1), Replicate())``,
+atoms with their tokens; the atom pair features ``p`` / the bias ``[B, K, W, H, c]`` are
+``(Shard(1), Replicate())`` in window-aligned blocks of ``K_p`` windows; the returned
+``to_keys`` is a :class:`WindowKeys`.
+
+Communication per call: point to point among the ranks of one ``cp0`` column, fewer than
+``W`` atoms per block boundary to cut the windows (and back for the transformer's
+output), ``(H - W) / 2`` halo atoms per side and per key set (the encoder's positions,
+mask, ids and embeddings; each transformer layer's normalised activations and mask), the
+same in backward; one all-reduce over ``cp0`` of the parameter gradients, and one small
+all-gather over ``cp0`` in the encoder that checks the padding.
+
+Only the trunk's encoder runs here: an ``AtomEncoder`` with ``structure_prediction=True``
+(the diffusion module's, whose ``z_to_p`` reads the pair band) and a transformer call with
+``multiplicity > 1`` or a conditioning cache are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.functional import one_hot
+
+from physicsnemo_foldcp.ops import ShardingLayoutError
+from physicsnemo_foldcp.ops._blocks import ROWS, local_of, row_shapes
+from physicsnemo_foldcp.ops.atom_windows import ATOM_DIM, AtomWindows
+from physicsnemo_foldcp.ops.modules import submodule_caller, tile_parameters
+from physicsnemo_foldcp.ops.tensor import FoldTensor, wrap
+
+
+class WindowKeys:
+    """``to_keys`` of scattered atoms: ``[B, A, D]`` -> keys ``[B, K, H, D]`` of every window.
+
+    The keys come in window-aligned blocks, ``(Shard(1), Replicate())``; equal to Boltz's
+    ``single_to_keys`` of the whole tensor.
+    """
+
+    def __init__(self, windows: AtomWindows) -> None:
+        self.windows = windows
+
+    def __call__(self, x: FoldTensor) -> FoldTensor:
+        """Keys of every window of ``x`` (scattered atoms like the encoder's)."""
+        local = self.windows.window_keys(self.windows.to_windows(x))
+        return self.windows.wrap_windows(local, x)
+
+
+def _no_autocast(device: torch.device) -> torch.autocast:
+    """Boltz runs both modules in full precision."""
+    return torch.autocast(device.type, enabled=False)
+
+
+def _atom_features(module: torch.nn.Module, feats: dict[str, Any]) -> torch.Tensor:
+    """The concatenated atom features of ``AtomEncoder.forward`` (op by op, no parameters)."""
+    b, n = feats["ref_pos"].shape[:2]
+    atom_feats = [
+        feats["ref_pos"],
+        feats["ref_charge"].unsqueeze(-1),
+        feats["ref_element"],
+    ]
+    if not module.use_no_atom_char:
+        atom_feats.append(feats["ref_atom_name_chars"].reshape(b, n, 4 * 64))
+    if module.use_atom_backbone_feat:
+        atom_feats.append(feats["atom_backbone_feat"])
+    if module.use_residue_feats_atoms:
+        res_feats = torch.cat(
+            [
+                feats["res_type"],
+                feats["modified"].unsqueeze(-1),
+                one_hot(feats["mol_type"], num_classes=4).float(),
+            ],
+            dim=-1,
+        )
+        atom_feats.append(torch.bmm(feats["atom_to_token"].float(), res_feats))
+    return torch.cat(atom_feats, dim=-1)
+
+
+def atom_encoder(
+    module: torch.nn.Module,
+    feats: dict[str, Any],
+    s_trunk: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+) -> tuple[FoldTensor, FoldTensor, FoldTensor, WindowKeys]:
+    """``AtomEncoder.forward`` on scattered atom features (see the module docstring).
+
+    Parameters
+    ----------
+    module : boltz.model.modules.encodersv2.AtomEncoder
+        With ``structure_prediction=False`` (the trunk's input embedder).
+    feats : dict[str, torch.Tensor]
+        Boltz-2's atom features ``[B, A, ...]``, scattered (``ref_pos``,
+        ``atom_pad_mask``, ``ref_space_uid``, ``ref_charge``, ``ref_element``, ...).
+    s_trunk, z : torch.Tensor, optional
+        Must be None (structure prediction only).
+
+    Returns
+    -------
+    q, c : FoldTensor
+        ``[B, A, atom_s]`` atom embeddings (the same tensor), laid out like ``ref_pos``.
+    p : FoldTensor
+        ``[B, K, W, H, atom_z]`` atom pair features, window-aligned blocks.
+    to_keys : WindowKeys
+        The keys of scattered atoms.
+
+    Raises
+    ------
+    ShardingLayoutError
+        For ``structure_prediction=True``, atoms not a multiple of ``W``, or pad atoms
+        inside the atom axis (per-shard atom padding).
+    """
+    if module.structure_prediction or s_trunk is not None or z is not None:
+        raise ShardingLayoutError(
+            "AtomEncoder with structure_prediction=True (the diffusion module's atom "
+            "encoder, whose z_to_p reads the pair band) has no distributed forward; the "
+            "trunk's input embedder (structure_prediction=False) runs under CP"
+        )
+    ref_pos = feats["ref_pos"]
+    windows = AtomWindows.of(
+        ref_pos, module.atoms_per_window_queries, module.atoms_per_window_keys, "ref_pos"
+    )
+    windows.check_padding(feats["atom_pad_mask"])
+    with _no_autocast(ref_pos.device):
+        call = submodule_caller(module, tile_parameters(module, ref_pos.device_mesh, (ROWS,)))
+        c_local = call("embed_atom_features", local_of(_atom_features(module, feats)))
+        c = wrap(
+            c_local,
+            ref_pos.device_mesh,
+            ref_pos.placements,
+            row_shapes(c_local.shape, ATOM_DIM, windows.atom_sizes),
+        )
+
+        def queries_and_keys(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """``x`` per window: queries ``[B, K, W, 1, ...]``, keys ``[B, K, 1, H, ...]``."""
+            aligned = windows.to_windows(x)
+            return (
+                windows.windows_of(aligned).unsqueeze(3),
+                windows.window_keys(aligned).unsqueeze(2),
+            )
+
+        pos_q, pos_k = queries_and_keys(local_of(ref_pos))
+        d = pos_k - pos_q
+        d_norm = 1 / (1 + torch.sum(d * d, dim=-1, keepdim=True))
+        mask_q, mask_k = queries_and_keys(local_of(feats["atom_pad_mask"]).float())
+        uid_q, uid_k = queries_and_keys(local_of(feats["ref_space_uid"]))
+        v = (mask_q.bool() & mask_k.bool() & (uid_q == uid_k)).float().unsqueeze(-1)
+
+        p = call("embed_atompair_ref_pos", d) * v
+        p = p + call("embed_atompair_ref_dist", d_norm) * v
+        p = p + call("embed_atompair_mask", v) * v
+        c_q, c_k = queries_and_keys(c_local)
+        p = p + call("c_to_p_trans_q", c_q)
+        p = p + call("c_to_p_trans_k", c_k)
+        p = p + call("p_mlp", p)
+    return c, c, windows.wrap_windows(p, ref_pos), WindowKeys(windows)
+
+
+def atom_transformer(
+    module: torch.nn.Module,
+    q: torch.Tensor,
+    c: torch.Tensor,
+    bias: torch.Tensor,
+    to_keys: Callable | None,
+    mask: torch.Tensor,
+    multiplicity: int = 1,
+    conditioning_cache: Any = None,
+) -> FoldTensor:
+    """``AtomTransformer.forward`` on scattered atoms (see the module docstring).
+
+    Parameters
+    ----------
+    module : boltz.model.modules.transformersv2.AtomTransformer
+        The Boltz module (its ``diffusion_transformer`` runs on this rank's windows).
+    q, c : FoldTensor
+        ``[B, A, atom_s]`` atom activations and conditioning, scattered atoms.
+    bias : FoldTensor
+        ``[B, K, W, H, depth * heads]`` window-aligned blocks (the encoder's ``p``
+        projected).
+    to_keys : callable or None
+        The encoder's :class:`WindowKeys` (unused: the keys are built here).
+    mask : FoldTensor
+        ``[B, A]`` atom mask, scattered atoms.
+    multiplicity : int, default 1
+        Must be 1.
+    conditioning_cache : None
+        Must be None.
+
+    Returns
+    -------
+    FoldTensor
+        ``[B, A, atom_s]``, laid out like ``q``.
+    """
+    if multiplicity != 1 or conditioning_cache is not None:
+        raise ShardingLayoutError(
+            "AtomTransformer under CP runs the trunk's encoder only: multiplicity must be 1 "
+            f"(got {multiplicity}) and there is no conditioning cache"
+        )
+    windows = AtomWindows.of(q, module.attn_window_queries, module.attn_window_keys, "q")
+    b, dim = q.shape[0], q.shape[-1]
+    count, w, h = windows.window_counts[windows.p], windows.queries, windows.keys
+    bias_local = local_of(bias)
+    if tuple(bias.shape[1:4]) != (sum(windows.window_counts), w, h) or bias_local.shape[1] != count:
+        raise ShardingLayoutError(
+            f"AtomTransformer: bias {tuple(bias.shape)} (local {tuple(bias_local.shape)}) is "
+            f"not the encoder's window-aligned [B, {sum(windows.window_counts)}, {w}, {h}, c] "
+            f"with {count} windows here"
+        )
+
+    def window_keys(x: torch.Tensor) -> torch.Tensor:
+        """Boltz's ``to_keys`` on this rank's windows ``[B K, W, d]`` -> ``[B K, H, d]``."""
+        keys = windows.window_keys(x.reshape(b, count * w, -1))
+        return keys.reshape(b * count, h, -1)
+
+    params = tile_parameters(module, q.device_mesh, (ROWS,))
+    call = submodule_caller(module, params)
+    out = call(
+        "diffusion_transformer",
+        a=windows.to_windows(q).reshape(b * count, w, -1),
+        s=windows.to_windows(c).reshape(b * count, w, -1),
+        bias=bias_local.reshape(b * count, w, h, -1),
+        mask=windows.to_windows(local_of(mask).float()).reshape(b * count, w),
+        multiplicity=1,
+        to_keys=window_keys,
+        conditioning_cache=None,
+    )
+    return windows.to_atoms(out.reshape(b, count * w, dim), q)
+
+
+def handlers() -> list[tuple[type, Callable]]:
+    """``(Boltz class, handler)`` pairs of this module."""
+    from boltz.model.modules.encodersv2 import AtomEncoder
+    from boltz.model.modules.transformersv2 import AtomTransformer
+
+    return [(AtomEncoder, atom_encoder), (AtomTransformer, atom_transformer)]
+
+
+__all__ = ["WindowKeys", "atom_encoder", "atom_transformer", "handlers"]
