@@ -19,6 +19,7 @@ from physicsnemo_foldcp.ops.modules import register_module_handler, unregister_m
 HANDLER_MODULES: tuple[str, ...] = (
     "atom_attention",
     "attention_pair_bias",
+    "contact_conditioning",
     "outer_product_mean",
     "pair_averaging",
     "pairformer",

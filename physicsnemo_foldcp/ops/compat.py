@@ -230,6 +230,32 @@ def all_to_all(
     return _waited(out)
 
 
+# -- CommDebugMode ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def comm_counter() -> Iterator[Any]:
+    """A ``CommDebugMode`` that counts collectives without hooking every module's backward.
+
+    Upstream: ``CommDebugMode.advanced_module_tracker`` (a ``_CommModeModuleTracker``)
+    registers, on enter, a global full backward pre-hook (``_bw_handle``) that only names
+    the module a backward collective ran in. A full backward hook wraps each module's
+    outputs in one autograd function, which hands a plain zero tensor as the gradient of
+    an output the loss does not use; a ShardTensor output (Boltz-2's trunk returns a
+    single ``s`` the distogram never reads) then fails in ``ShardTensor``'s backward.
+    Relied on: removing that handle leaves the counts (``get_comm_counts``) as they are.
+    The tracker then warns that its module hierarchy may be off; it is not read here.
+    """
+    import warnings
+
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    with CommDebugMode() as mode, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The module hierarchy tracking")
+        mode.advanced_module_tracker._bw_handle.remove()
+        yield mode
+
+
 # -- torch.distributed.checkpoint metadata ---------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
+from physicsnemo_foldcp.distributed.rng import sync_rng_over_domain
 from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.ops import compat, events
@@ -155,6 +156,19 @@ class ValidationReport:
         if self.tf32_was_on:
             lines.append("  note: TF32 was on; it was pinned off for the comparison")
         return "\n".join(lines)
+
+
+def _rng_states(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The CPU generator state and ``device``'s (CUDA only)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_states(states: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
+    """Put back what :func:`_rng_states` read."""
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state(states[1], device)
 
 
 def _comm_name(op: object) -> str:
@@ -348,7 +362,9 @@ def validate_model(
 ) -> ValidationReport:
     """Run ``model`` serially and distributed on ``sample``; compare outputs and gradients.
 
-    Call on every rank of the job (every domain group validates the same sample).
+    Call on every rank of the job (every domain group validates the same sample). Both
+    runs start from the same generator state (the domain source's), so their random draws
+    (dropout masks, MSA subsampling) are the same.
 
     Parameters
     ----------
@@ -391,6 +407,8 @@ def validate_model(
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     fallbacks: list[FallbackCollective] = []
     comm: dict[str, Any] = {"active": None, "phase": None}
+    sync_rng_over_domain(mesh)
+    rng = _rng_states(mesh.device)
     with tf32_off() as was_on, _Recorder(model) as recorder:
         model.zero_grad(set_to_none=True)
         recorder.recording = True
@@ -405,6 +423,7 @@ def validate_model(
         model.zero_grad(set_to_none=True)
         recorder.reset()
 
+        _set_rng_states(rng, mesh.device)
         features = scatter_features(
             device_sample if mesh.is_domain_source else None,
             mesh,
@@ -412,17 +431,14 @@ def validate_model(
             options=options,
             **dict(scatter_options or {}),
         )
-        with _fallback_tracing(comm, recorder, fallbacks), warnings.catch_warnings():
-            # CommDebugMode's module tracker adds full backward hooks to every module;
-            # torch warns that a module returning a dict (the model) gets none.
-            warnings.filterwarnings("ignore", message="For backward hooks to be called")
-            with CommDebugMode() as forward_mode:
+        with _fallback_tracing(comm, recorder, fallbacks):
+            with compat.comm_counter() as forward_mode:
                 comm.update(active=forward_mode, phase="forward")
                 recorder.recording = True
                 dist_out = model(**features)
                 dist_loss = loss_fn(dist_out, features)
                 recorder.recording = False
-            with CommDebugMode() as backward_mode:
+            with compat.comm_counter() as backward_mode:
                 comm.update(active=backward_mode, phase="backward")
                 dist_loss.backward()
             comm.update(active=None, phase=None)

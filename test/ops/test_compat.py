@@ -168,6 +168,28 @@ def test_collectives_are_counted_and_correct(fold_mesh):
     collective_assert(not problems and dist.is_initialized(), "; ".join(problems))
 
 
+class TwoOutputs(torch.nn.Module):
+    def forward(self, x):
+        return x * 2, x * 3
+
+
+@distributed
+@MESH
+def test_comm_counter_counts_and_lets_a_module_output_go_unused(fold_mesh):
+    st, local, _, _ = uneven_rows(fold_mesh)
+    leaf = local.clone().requires_grad_(True)
+    x = ShardTensor.from_local(
+        leaf, fold_mesh.domain_mesh, st.placements, compat.sharding_shapes(st)
+    )
+    with compat.comm_counter() as mode:
+        used, _unused = TwoOutputs()(x)
+        compat.all_reduce(torch.ones(2), "sum", fold_mesh.domain_mesh, 0)
+        used.to_local().sum().backward()
+    counts = sum(mode.get_comm_counts().values())
+    good = counts == 1 and torch.equal(leaf.grad, torch.full_like(local, 2.0))
+    collective_assert(good, f"counted {counts} collectives, grad {leaf.grad}")
+
+
 @distributed
 @MESH
 def test_all_to_all_exchanges_uneven_and_empty_pieces(fold_mesh):
