@@ -89,9 +89,10 @@ def main(cfg: DictConfig) -> None:
         config = OmegaConf.to_container(cfg, resolve=True)
         metric_logger = MetricLogger(conf.logging, conf.run_dir, config)
         registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
-        dataset = build_dataset(data)
+        model = build_model(conf.model, settings.seed)
+        dataset = build_dataset(data, model)
         module = FoldModule(
-            build_model(conf.model, settings.seed),
+            model,
             optimizer=conf.optimizer,
             loss=settings.loss,
             fsdp_units=settings.fsdp_units,

@@ -45,8 +45,8 @@ def main(cfg: DictConfig) -> None:
     mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
     try:
         registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
-        dataset = build_dataset(data)
         model = build_model(conf.model, options.seed).to(mesh.device)
+        dataset = build_dataset(data, model)
         if options.checkpoint:
             load_checkpoint(options.checkpoint, model, restore_rng=False)
         result = predict(

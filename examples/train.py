@@ -58,8 +58,8 @@ def main(cfg: DictConfig) -> None:
     try:
         metric_logger = MetricLogger(conf.logging, conf.run_dir, config)
         registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
-        dataset = build_dataset(data)
         model = build_model(conf.model, conf.train.seed)
+        dataset = build_dataset(data, model)
         if mesh.rank == 0:
             logging.info("%s", dataset)
         result = train(

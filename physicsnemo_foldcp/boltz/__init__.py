@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib
 
+from torch import nn
+
 from physicsnemo_foldcp.ops.modules import register_module_handler, unregister_module_handler
 
 HANDLER_MODULES: tuple[str, ...] = (
@@ -64,10 +66,29 @@ def install() -> list[str]:
     return [f"{cls.__module__}.{cls.__qualname__}" for cls in _installed]
 
 
+def holds_boltz_modules(model: nn.Module) -> bool:
+    """Whether any submodule of ``model`` is a class of Boltz's package (``boltz.*``)."""
+    return any(type(m).__module__.split(".")[0] == "boltz" for m in model.modules())
+
+
+def install_for(model: nn.Module) -> bool:
+    """:func:`install` when ``model`` holds Boltz modules (what the apps' model builder does).
+
+    Returns
+    -------
+    bool
+        Whether the handlers were installed.
+    """
+    if not holds_boltz_modules(model):
+        return False
+    install()
+    return True
+
+
 def uninstall() -> None:
     """Give every Boltz class its own forward back."""
     while _installed:
         unregister_module_handler(_installed.pop())
 
 
-__all__ = ["HANDLER_MODULES", "install", "uninstall"]
+__all__ = ["HANDLER_MODULES", "holds_boltz_modules", "install", "install_for", "uninstall"]

@@ -55,6 +55,9 @@ class SyntheticComplexes(Dataset):
         MSA depth.
     n_conformers : int, default 1
         Conformers (and distogram conformers ``K`` for Boltz-2).
+    atom_multiple : int, optional
+        Pad each complex's atoms to a multiple of this, as Boltz's featurizer pads them to
+        whole atom windows (a model's ``atom_multiple``).
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class SyntheticComplexes(Dataset):
         preset: str = "boltz2",
         msa_rows: int = 4,
         n_conformers: int = 1,
+        atom_multiple: int | None = None,
     ):
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
@@ -81,6 +85,7 @@ class SyntheticComplexes(Dataset):
         self.preset = preset
         self.msa_rows = msa_rows
         self.n_conformers = n_conformers
+        self.atom_multiple = atom_multiple
         self._cache: dict[int, dict[str, Any]] = {}
 
     def __len__(self) -> int:
@@ -100,6 +105,7 @@ class SyntheticComplexes(Dataset):
                 preset=self.preset,
                 msa_rows=self.msa_rows,
                 n_conformers=self.n_conformers,
+                atom_multiple=self.atom_multiple,
             )
             out = batched(sample)
             out["record_id"] = self.record_id(index)

@@ -284,6 +284,14 @@ class Boltz2Trunk(nn.Module):
         trunk.load_state_dict(trunk_state_dict(model.state_dict()), strict=True)
         return trunk
 
+    @property
+    def atom_multiple(self) -> int:
+        """Atoms per query window (``embedder_args.atoms_per_window_queries``).
+
+        The sample's atom count must be a multiple of it, as Boltz's featurizer pads atoms.
+        """
+        return self.input_embedder.atom_encoder.atoms_per_window_queries
+
     def forward(
         self, recycling_steps: int | None = None, **feats: torch.Tensor
     ) -> dict[str, torch.Tensor]:

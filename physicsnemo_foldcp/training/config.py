@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import logging
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 from torch import nn
 
+from physicsnemo_foldcp.boltz import install_for
 from physicsnemo_foldcp.data.datasets import BatchedFiles, SyntheticComplexes
 from physicsnemo_foldcp.data.files import FeatureFileDataset
 from physicsnemo_foldcp.data.loader import ShardedLoader
@@ -62,6 +64,8 @@ from physicsnemo_foldcp.sharding.options import ShardingOptions
 from physicsnemo_foldcp.training.logs import LoggingSettings
 from physicsnemo_foldcp.training.loop import OptimizerSettings, TrainSettings
 from physicsnemo_foldcp.training.predict import predict
+
+logger = logging.getLogger("physicsnemo_foldcp.training")
 
 T = TypeVar("T")
 
@@ -415,7 +419,7 @@ def data_config(data: Any) -> SyntheticDataConfig | FilesDataConfig:
     return typed(schema, data, "data")
 
 
-def build_dataset(data: Any) -> SyntheticComplexes | BatchedFiles:
+def build_dataset(data: Any, model: nn.Module | None = None) -> SyntheticComplexes | BatchedFiles:
     """The serial, batched dataset of a ``data`` group.
 
     Parameters
@@ -423,6 +427,9 @@ def build_dataset(data: Any) -> SyntheticComplexes | BatchedFiles:
     data : DictConfig, Mapping or data config
         ``kind: synthetic`` (:class:`SyntheticDataConfig`) or ``kind: files``
         (:class:`FilesDataConfig`).
+    model : nn.Module, optional
+        The model the data is for: synthetic complexes get their atoms padded to its
+        ``atom_multiple`` (Boltz's atom window), when it has one.
     """
     config = data_config(data)
     if isinstance(config, FilesDataConfig):
@@ -435,6 +442,7 @@ def build_dataset(data: Any) -> SyntheticComplexes | BatchedFiles:
         preset=config.preset,
         msa_rows=config.msa_rows,
         n_conformers=config.n_conformers,
+        atom_multiple=getattr(model, "atom_multiple", None),
     )
 
 
@@ -481,7 +489,9 @@ def optimizer_settings(optimizer: Any) -> OptimizerSettings:
 def build_model(model: Mapping[str, Any] | DictConfig, seed: int) -> nn.Module:
     """The model of a ``model`` group (``_target_`` and its arguments), seeded with ``seed``.
 
-    The same ``seed`` on every rank gives every rank the same initial parameters.
+    The same ``seed`` on every rank gives every rank the same initial parameters. A model
+    that holds Boltz's modules gets their distributed forwards
+    (:func:`physicsnemo_foldcp.boltz.install_for`).
 
     Raises
     ------
@@ -499,6 +509,8 @@ def build_model(model: Mapping[str, Any] | DictConfig, seed: int) -> nn.Module:
     built = instantiate(model)
     if not isinstance(built, nn.Module):
         raise TypeError(f"model: {model['_target_']} built a {type(built).__name__}, not a Module")
+    if install_for(built):
+        logger.info("model: Boltz modules found, their distributed forwards are installed")
     return built
 
 
