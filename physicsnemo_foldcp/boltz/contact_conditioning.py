@@ -62,7 +62,7 @@ def contact_conditioning(module: torch.nn.Module, feats: dict[str, Any]) -> Fold
         )
     local = {name: local_of(feats[name]) for name in FEATURES}
     params = tile_parameters(module, pair.device_mesh)
-    out = functional_call(module, params, (local,))
+    out = functional_call(module, params, (local,), tie_weights=False)
     shapes = {
         mesh_dim: [(*shape[:-1], out.shape[-1]) for shape in per_rank]
         for mesh_dim, per_rank in compat.sharding_shapes(pair).items()

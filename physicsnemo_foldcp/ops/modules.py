@@ -120,12 +120,35 @@ def tile_parameters(
         The mesh dims whose ranks compute different parts: both for a pair tile, ``cp0``
         only for row blocks that the ranks of ``cp1`` compute alike.
     """
-    params = dict(module.named_parameters())
-    trained = [name for name, p in params.items() if p.requires_grad]
+    params = parameter_slots(module)
+    unique = dict(module.named_parameters())
+    trained = [name for name, p in unique.items() if p.requires_grad]
     if not (torch.is_grad_enabled() and trained):
         return params
-    shared = TileParameters.apply(mesh, tuple(mesh_dims), *(params[n] for n in trained))
-    return {**params, **dict(zip(trained, shared))}
+    shared = TileParameters.apply(mesh, tuple(mesh_dims), *(unique[n] for n in trained))
+    view_of = {id(unique[name]): view for name, view in zip(trained, shared)}
+    return {name: view_of.get(id(p), p) for name, p in params.items()}
+
+
+def parameter_slots(module: nn.Module) -> dict[str, torch.Tensor]:
+    """One name per place a parameter is held: ``(submodule, attribute)``.
+
+    A submodule registered under two names (Boltz's ``output_projection_linear`` is also
+    ``output_projection.0``) holds its parameters once, so only its first name is kept;
+    a parameter shared by two submodules (tied weights) is listed under both. Passed to
+    ``functional_call(..., tie_weights=False)``, every place is swapped and restored once:
+    torch's weight tying swaps a twice-registered submodule twice and leaves the swapped
+    tensor in it.
+    """
+    slots: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, str]] = set()
+    for name, p in module.named_parameters(remove_duplicate=False):
+        owner, _, attr = name.rpartition(".")
+        place = (id(module.get_submodule(owner)), attr)
+        if place not in seen:
+            seen.add(place)
+            slots[name] = p
+    return slots
 
 
 def submodule_caller(
@@ -133,7 +156,7 @@ def submodule_caller(
 ) -> Callable[..., torch.Tensor]:
     """``call(name, *inputs, **kwargs)``: submodule ``name``'s own forward with ``params``.
 
-    ``params`` are keyed like ``module.named_parameters()`` (e.g. :func:`tile_parameters`);
+    ``params`` are keyed like :func:`parameter_slots` (e.g. :func:`tile_parameters`);
     the submodule runs through :func:`torch.func.functional_call`, so its own forward (and
     dtype handling) is kept.
     """
@@ -141,7 +164,7 @@ def submodule_caller(
     def call(name: str, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         prefix = name + "."
         own = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
-        return functional_call(module.get_submodule(name), own, inputs, kwargs)
+        return functional_call(module.get_submodule(name), own, inputs, kwargs, tie_weights=False)
 
     return call
 
@@ -152,6 +175,7 @@ __all__ = [
     "ModuleHandler",
     "adopted",
     "register_module_handler",
+    "parameter_slots",
     "submodule_caller",
     "tile_parameters",
     "unregister_module_handler",

@@ -154,3 +154,37 @@ def test_only_the_plugins_own_functions_are_registered_with_physicsnemo():
     for func in (*CONTRACTION_FUNCS, torch.Tensor.unsqueeze, torch.Tensor.__getitem__, torch.cdist):
         handler = registry.get(func)
         assert handler is None or handler.__module__.startswith("physicsnemo."), (func, handler)
+
+
+class TwiceRegistered(torch.nn.Module):
+    """One Linear under two names (as Boltz's ``output_projection_linear``) and a weight
+    shared with another Linear (tied weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+        self.gated = torch.nn.Sequential(self.linear, torch.nn.Sigmoid())
+        self.tied = torch.nn.Linear(3, 3, bias=False)
+        self.tied.weight = self.linear.weight
+
+    def forward(self, x):
+        return self.gated(x) + self.tied(x)
+
+
+def test_submodules_called_with_other_tensors_get_their_own_parameters_back():
+    from physicsnemo_foldcp.ops.modules import parameter_slots, submodule_caller
+
+    holder = torch.nn.ModuleDict({"m": TwiceRegistered()})
+    before = dict(holder.named_parameters(remove_duplicate=False))
+    slots = parameter_slots(holder)
+    assert sorted(slots) == ["m.linear.bias", "m.linear.weight", "m.tied.weight"]
+    views = {id(p): p * 2 for p in before.values()}
+    swapped = {name: views[id(p)] for name, p in slots.items()}
+    x = torch.randn(4, 3)
+    out = submodule_caller(holder, swapped)("m", x)
+    m = holder["m"]
+    w, b = m.linear.weight * 2, m.linear.bias * 2
+    expected = torch.sigmoid(x @ w.T + b) + x @ w.T
+    assert torch.allclose(out, expected, rtol=1e-6, atol=1e-6)
+    after = dict(holder.named_parameters(remove_duplicate=False))
+    assert all(after[name] is p for name, p in before.items())
