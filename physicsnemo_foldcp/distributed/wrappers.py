@@ -113,7 +113,9 @@ def wrap_model(
             p.data = p.data.contiguous()
     kinds = tuple(shard_modules)
     if kinds:
-        for module in model.modules():
+        # Innermost first: a unit inside another unit (Boltz's MSALayer holds a
+        # PairformerNoSeqLayer) is sharded before its parent, which then skips its params.
+        for module in reversed(list(model.modules())):
             if module is not model and isinstance(module, kinds):
                 fully_shard(module, mesh=mesh.ddp_mesh)
     fully_shard(model, mesh=mesh.ddp_mesh)

@@ -187,8 +187,8 @@ class Boltz2Trunk(nn.Module):
     that ``Boltz2.forward`` enters in eval mode) is not entered.
 
     The distogram reads ``z`` only, and Boltz's Pairformer never updates ``z`` from
-    ``s``: :meth:`loss` gives no gradient to ``s_init``, ``s_norm``, ``s_recycle`` or the
-    Pairformer's single updates (in ``Boltz2`` the structure module reads ``s``).
+    ``s``: :meth:`loss` gives zero gradients to ``s_init``, ``s_norm``, ``s_recycle`` and
+    the Pairformer's single updates (in ``Boltz2`` the structure module reads ``s``).
     """
 
     fsdp_units: ClassVar[tuple[type[nn.Module], ...]] = (
@@ -345,10 +345,17 @@ class Boltz2Trunk(nn.Module):
     ) -> torch.Tensor:
         """Boltz-2's distogram loss (``boltz.model.loss.distogramv2.distogram_loss``).
 
+        Plus ``0 * s.sum()``: the value is the distogram loss, and the single ``s`` gets a
+        gradient (zeros). In ``Boltz2`` the structure module reads ``s``; here nothing
+        would, and FSDP2's backward hook on each Pairformer layer, which needs a gradient
+        for every input that requires one, would hand the ShardTensor ``s`` a plain zero
+        tensor instead (and DDP would find unused parameters).
+
         Parameters
         ----------
         outputs : Mapping[str, torch.Tensor]
-            What :meth:`forward` returned (reads ``pdistogram [B, N, N, 1, bins]``).
+            What :meth:`forward` returned (reads ``pdistogram [B, N, N, 1, bins]`` and
+            ``s [B, N, token_s]``).
         feats : Mapping[str, torch.Tensor]
             ``disto_target [B, N, N, K, bins]`` and ``token_disto_mask [B, N]``.
 
@@ -360,7 +367,7 @@ class Boltz2Trunk(nn.Module):
         global_loss, _ = distogram_loss(
             dict(outputs), dict(feats), aggregate_distogram=self.aggregate_distogram
         )
-        return global_loss
+        return global_loss + 0.0 * outputs["s"].sum()
 
 
 __all__ = [

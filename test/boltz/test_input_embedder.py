@@ -47,9 +47,11 @@ def sample(n_tokens: int, seed: int) -> dict:
     return batched(make_complex(n_tokens, seed=seed, msa_rows=3, atom_multiple=32))
 
 
+# One mesh here: test_trunk.py compares the embedder's outputs (and every gradient) as
+# part of the whole trunk on 1x2, 2x2, 2x3 and 3x3.
 @pytest.mark.parametrize(
     "fold_mesh,n_tokens",
-    [((2, 1, 2), 23), ((1, 2, 2), 37), ((1, 2, 3), 23), ((1, 3, 3), 37)],
+    [((1, 2, 2), 37)],
     indirect=["fold_mesh"],
     ids=lambda v: mesh_id(v) if isinstance(v, tuple) else f"N{v}",
 )

@@ -9,12 +9,14 @@ atom windows that straddle the row blocks; no fallback gather.
 import pytest
 import torch
 
+from physicsnemo_foldcp import scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.testing import collective_assert
+from physicsnemo_foldcp.testing.memory import LocalSizeGuard
 from physicsnemo_foldcp.testing.parity import randomize_parameters
 from physicsnemo_foldcp.training import batched, validate_model
 
-pytest.importorskip("boltz")
+const = pytest.importorskip("boltz.data.const")
 
 from physicsnemo_foldcp.models.boltz2_trunk import Boltz2Trunk  # noqa: E402
 
@@ -35,5 +37,34 @@ def trunk() -> Boltz2Trunk:
 )
 def test_trunk_matches_serial_without_fallbacks(fold_mesh, n_tokens):
     sample = batched(make_complex(n_tokens, seed=7, msa_rows=5, atom_multiple=32))
+    ligand = const.chain_type_ids["NONPOLYMER"]
+    collective_assert(bool((sample["mol_type"] == ligand).any()), "no ligand (one-atom) token")
     report = validate_model(trunk(), sample, fold_mesh)
     collective_assert(report.ok, report.format())
+
+
+GUARD_FACTOR = 4
+"""Largest local tensor allowed during a trunk training step, in local ``z`` tiles."""
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 3, 3)], indirect=True, ids=mesh_id)
+def test_no_rank_holds_a_full_pair_in_a_trunk_training_step(fold_mesh):
+    """Forward, distogram loss and backward of the whole trunk on 3x3.
+
+    The pair width is large next to the atom widths, so that half a full
+    ``N x N x token_z`` pair exceeds the bound while the windowed atom tensors
+    (``O(A W H / cp0)``) do not.
+    """
+    n, token_z = 56, 96
+    torch.manual_seed(0)
+    model = Boltz2Trunk(token_z=token_z, atom_z=2)
+    sample = batched(make_complex(n, seed=7, msa_rows=5, atom_multiple=32))
+    feats = scatter_features(sample, fold_mesh)
+    rows, columns = feats["token_bonds"].to_local().shape[1:3]
+    tile = rows * columns * token_z
+    with LocalSizeGuard(GUARD_FACTOR * tile) as guard:
+        model.loss(model(**feats), feats).backward()
+    problems = [f"{v}" for v in guard.violations[:5]]
+    if 2 * guard.limit >= n * n * token_z:
+        problems.append(f"the bound {guard.limit} does not exclude half a pair {n * n * token_z}")
+    collective_assert(not problems, f"tile {tile}, largest {guard.largest}: " + "; ".join(problems))

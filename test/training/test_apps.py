@@ -380,3 +380,23 @@ def test_a_job_restarted_by_torchrun_continues_the_run(tmp_path):
     assert resumed in output, tail(proc)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, 8))
+
+
+def test_the_boltz2_trunk_trains_and_resumes_exactly_on_4_ranks(tmp_path):
+    """``model=boltz2_trunk``: Boltz's own trunk modules, trained by the app on a 2x2 mesh."""
+    pytest.importorskip("boltz")
+    run_dir, resumed = tmp_path / "a", tmp_path / "b"
+    overrides = ["mesh.cp=[2,2]", "model=boltz2_trunk", "train.progress=false"]
+    overrides += ["train.steps=8", "train.checkpoint_every=4"]
+    proc = launch("train.py", [*overrides, f"run_dir={run_dir}"], 4)
+    assert proc.returncode == 0, tail(proc)
+    curve = losses(run_dir)
+    assert sorted(curve) == list(range(1, 9)), sorted(curve)
+    first, last = (sum(curve[s] for s in steps) / 3 for steps in ((1, 2, 3), (6, 7, 8)))
+    assert last < first - 0.5, (first, last)
+    start = checkpoint_path(run_dir / "checkpoints", 4)
+    proc = launch("train.py", [*overrides, f"run_dir={resumed}", f"train.resume={start}"], 4)
+    assert proc.returncode == 0, tail(proc)
+    again = losses(resumed)
+    assert sorted(again) == list(range(5, 9)), sorted(again)
+    assert [again[s] for s in again] == [curve[s] for s in again]
