@@ -323,6 +323,11 @@ class _SourceStream:
         self._broken: BaseException | None = None
         try:
             extra: dict[str, Any] = dict(dataloader_kwargs)
+            # A DataLoader draws its workers' base seed from the global generator unless
+            # it has its own; only the source rank builds one, so that draw would put the
+            # source's stream one number ahead of its domain's (whose dropout masks must
+            # agree) and a resumed run one number behind an uninterrupted one.
+            extra.setdefault("generator", torch.Generator().manual_seed(0))
             if num_workers > 0:
                 extra["num_workers"] = num_workers
                 if prefetch_factor is not None:

@@ -135,11 +135,16 @@ def by_group(gathered: list, mesh) -> dict[int, list]:
 
 @pytest.mark.parametrize("fold_mesh", MESHES, indirect=True, ids=mesh_id)
 def test_training_batches_equal_serial_samples(fold_mesh):
-    """Every training sample equals, after gather, the serial sample of the same index."""
+    """Every training sample equals, after gather, the serial sample of the same index.
+
+    The loader leaves the global torch generator alone (the ranks of a domain draw their
+    dropout masks from it in step).
+    """
     dataset = Complexes()
     registry = FeatureRegistry.preset("boltz2")
     loader = ShardedLoader(dataset, fold_mesh, mode="train", seed=5, registry=registry)
     problems, seen = [], []
+    generator = torch.get_rng_state()
     for item in loader:
         seen.append(item.index)
         if item.record_id != f"rec{item.index:03d}":
@@ -152,6 +157,8 @@ def test_training_batches_equal_serial_samples(fold_mesh):
     expected_calls = seen if fold_mesh.is_domain_source else []
     if dataset.calls != expected_calls:
         problems.append(f"dataset calls {dataset.calls}, expected {expected_calls}")
+    if not torch.equal(torch.get_rng_state(), generator):
+        problems.append("the loader drew from the global torch generator")
     collective_assert(not problems, "; ".join(problems[:6]))
 
 
