@@ -10,17 +10,24 @@ and their gradients, replicated on every rank):
 term               elements on the largest rank
 =================  ===========================================================================
 ``const``          1 (fixed bytes: small buffers, the loss, metadata)
-``atoms``          ``A / cp0 * W_k * atom_z * atom_depth`` (windowed atom pair features:
-                   each atom query attends ``W_k`` keys)
-``msa``            ``S / cp0 * N / cp1 * msa_s * msa_blocks`` (the MSA track, rows over cp0)
-``pair``           ``n0 * n1 * token_z * (pairformer_blocks + msa_blocks)`` (the pair track
-                   saved by every pair-updating block, ``n0 = ceil(N / cp0)``, ``n1 = ceil(N
-                   / cp1)``)
-``opm``            ``n0 * n1 * c_opm^2 * msa_blocks`` (the outer product mean's ``[i, j, c,
-                   d]`` product, ``c_opm = 32`` in Boltz)
-``tri_att``        ``n0 * n1 * N * pair_heads * (pairformer_blocks + msa_blocks)`` (the
-                   triangle attention scores and probabilities: every query row of a local
-                   tile attends ``N`` keys per head)
+``atoms``          ``A_rank * W_k * atom_z * atom_depth`` (windowed atom pair features:
+                   each atom query attends ``W_k`` keys; ``A_rank`` the atoms of the
+                   largest row block, ``A / cp0`` when balanced)
+``msa``            ``ceil(S / cp0) * n1 * msa_s * msa_blocks`` (the local MSA track;
+                   ``n0 = ceil(N / cp0)``, ``n1 = ceil(N / cp1)``)
+``msa_gather``     ``S * (n0 + n1) * c_opm * msa_blocks`` (MSA operands gathered over the
+                   mesh: the outer product mean keeps ``S (n + m) c`` for its backward,
+                   ``c_opm = 32`` in Boltz)
+``pair``           ``n0 * n1 * token_z * L`` (the pair track saved by every pair-updating
+                   block, ``L = pairformer_blocks + msa_blocks``)
+``pair_work``      ``n0 * n1 * token_z`` (one block's transient working set: recomputed
+                   chunks, gradients in flight; not multiplied by the blocks)
+``strip``          ``N * (n0 + n1) * token_z * L`` (pair strips a rank gathers along a
+                   row or column of the mesh and keeps for the backward: the triangle
+                   multiplications' operands; equal in form to ``pair`` on 1x1, so only
+                   meshes tell the two apart)
+``tri_att``        ``n0 * n1 * N * pair_heads * L`` (triangle attention scores, if kept:
+                   Boltz's own PyTorch path keeps them; a flash-style one does not)
 ``pair_fixed``     ``n0 * n1`` (pair terms without a width that varies here: the sample's pair
                    features, the distogram logits and target over ``num_bins = 64``)
 =================  ===========================================================================
@@ -45,7 +52,17 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-TERMS = ("const", "atoms", "msa", "pair", "opm", "tri_att", "pair_fixed")
+TERMS = (
+    "const",
+    "atoms",
+    "msa",
+    "msa_gather",
+    "pair",
+    "pair_work",
+    "strip",
+    "tri_att",
+    "pair_fixed",
+)
 """Names of the fitted terms, in the order of :func:`features` and of the coefficients."""
 
 OPM_HIDDEN = 32
@@ -79,6 +96,9 @@ class StepShape:
         Atom encoder (atom transformer) layers.
     param_bytes : float
         Bytes of the parameters and their gradients on a rank (known, not fitted).
+    atoms_rank : float or None
+        Atoms of the largest row block, when known (atoms follow their tokens, so an even
+        token split can give a row block more than ``A / cp0``); None: ``A / cp0``.
     """
 
     n_tokens: int
@@ -96,6 +116,7 @@ class StepShape:
     pair_heads: int = 4
     atom_depth: int = 1
     param_bytes: float = 0.0
+    atoms_rank: float | None = None
 
     @property
     def ranks(self) -> int:
@@ -125,13 +146,16 @@ def features(shape: StepShape) -> np.ndarray:
     n1 = math.ceil(n / shape.cp1)
     tile = float(n0 * n1)
     pair_blocks = shape.pairformer_blocks + shape.msa_blocks
+    atoms = shape.n_atoms / shape.cp0 if shape.atoms_rank is None else shape.atoms_rank
     return np.array(
         [
             1.0,
-            shape.n_atoms / shape.cp0 * WINDOW_KEYS * shape.atom_z * shape.atom_depth,
+            atoms * WINDOW_KEYS * shape.atom_z * shape.atom_depth,
             math.ceil(shape.msa_depth / shape.cp0) * n1 * shape.msa_s * shape.msa_blocks,
+            float(shape.msa_depth * (n0 + n1)) * OPM_HIDDEN * shape.msa_blocks,
             tile * shape.token_z * pair_blocks,
-            tile * OPM_HIDDEN**2 * shape.msa_blocks,
+            tile * shape.token_z,
+            float(n * (n0 + n1)) * shape.token_z * pair_blocks,
             tile * n * shape.pair_heads * pair_blocks,
             tile,
         ],

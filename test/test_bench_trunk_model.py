@@ -24,8 +24,10 @@ TRUE = {
     "const": 3e6,
     "atoms": 12.0,
     "msa": 20.0,
+    "msa_gather": 4.0,
     "pair": 28.0,
-    "opm": 8.0,
+    "pair_work": 40.0,
+    "strip": 6.0,
     "tri_att": 16.0,
     "pair_fixed": 900.0,
 }
@@ -42,6 +44,7 @@ def design() -> list[StepShape]:
         shapes.append(StepShape(n, 10 * n, 32, msa_blocks=2, param_bytes=2e6))
         shapes.append(StepShape(n, 10 * n, 128, param_bytes=2e6))
         shapes.append(StepShape(n, 10 * n, 32, atom_z=32, param_bytes=2e6))
+        shapes.append(StepShape(n, 10 * n, 32, pairformer_blocks=4, param_bytes=2e6))
     return shapes
 
 
