@@ -1,8 +1,11 @@
 """Benchmark 5: one Boltz-2 trunk training step under CP: peak memory per rank and a memory model.
 
-    torchrun --standalone --nproc-per-node 1 benchmarks/bench_trunk.py --tokens 64 128 192 256
-    torchrun --standalone --nproc-per-node 4 benchmarks/bench_trunk.py --tokens 64 128 192 256
-    torchrun --standalone --nproc-per-node 9 benchmarks/bench_trunk.py --tokens 64 128 192 256
+    torchrun --standalone --nproc-per-node 1 benchmarks/bench_trunk.py \
+        --tokens 64 96 128 160 192 224 --repeats 1
+    torchrun --standalone --nproc-per-node 4 benchmarks/bench_trunk.py \
+        --tokens 64 96 128 160 192 224 --repeats 1
+    torchrun --standalone --nproc-per-node 9 benchmarks/bench_trunk.py \
+        --tokens 64 96 128 160 192 224 --repeats 1
 
 One launch per mesh (``--cp``, by default the square mesh of the world size: 1x1, 2x2,
 3x3). For each ``N`` a synthetic Boltz-2 sample
