@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from physicsnemo.domain_parallel import ShardTensor
 
 try:
     from benchmarks import common
@@ -67,7 +66,6 @@ from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import wrap_model
 from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel
-from physicsnemo_foldcp.ops import compat
 from physicsnemo_foldcp.training.loop import (
     OptimizerSettings,
     build_optimizer,
@@ -81,25 +79,6 @@ BENCHMARK = "train_step"
 """Section of ``results/summary.json`` holding every mesh's rows."""
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return compat.local_tensor(t) if isinstance(t, ShardTensor) else t
-
-
-def _bytes(tensors: Any) -> int:
-    seen: set[int] = set()
-    total = 0
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            continue
-        local = _local(t)
-        key = id(local)
-        if key in seen:
-            continue
-        seen.add(key)
-        total += local.numel() * local.element_size()
-    return total
-
-
 def held_bytes(
     features: Mapping[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> int:
@@ -107,7 +86,7 @@ def held_bytes(
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
     state = [v for s in optimizer.state.values() for v in s.values()]
-    return _bytes(list(features.values()) + params + grads + state)
+    return common.tensor_bytes(list(features.values()) + params + grads + state)
 
 
 def serial_loss(sample: Mapping[str, torch.Tensor], config: ModelConfig, seed: int) -> float:
@@ -212,7 +191,7 @@ def run_train_step_benchmark(
         "step_peak": step_peak,
         "peak": held + step_peak if memory else None,
         "rss": _max_rss(),
-        "shard": _bytes(features.values()),
+        "shard": common.tensor_bytes(features.values()),
         "serial_loss": reference,
         "loss": loss,
     }

@@ -394,6 +394,36 @@ def launch_command(script: str, world_size: int, argv: Sequence[str] | None) -> 
     return f"torchrun --standalone --nproc-per-node {world_size} benchmarks/{script} {args}"
 
 
+def tensor_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes this rank holds of ``tensors`` (a ShardTensor's local block; each storage once).
+
+    Parameters
+    ----------
+    tensors : Iterable
+        Tensors (plain or ShardTensor); other items are skipped.
+
+    Returns
+    -------
+    int
+        Sum of ``numel * element_size`` of the distinct local tensors.
+    """
+    from physicsnemo.domain_parallel import ShardTensor
+
+    from physicsnemo_foldcp.ops import compat
+
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        local = compat.local_tensor(t) if isinstance(t, ShardTensor) else t
+        if id(local) in seen:
+            continue
+        seen.add(id(local))
+        total += local.numel() * local.element_size()
+    return total
+
+
 def tensors_in(value: Any) -> list[torch.Tensor]:
     """The tensors in ``value`` and its nested lists, tuples and mappings, in order."""
     if isinstance(value, torch.Tensor):
