@@ -24,22 +24,22 @@ pytestmark = pytest.mark.multigpu_static
 mesh_id = lambda s: "x".join(map(str, s))  # noqa: E731
 
 
-def trunk() -> Boltz2Trunk:
+def trunk(recycling_steps: int) -> Boltz2Trunk:
     torch.manual_seed(0)
-    return randomize_parameters(Boltz2Trunk(recycling_steps=1), 3)
+    return randomize_parameters(Boltz2Trunk(recycling_steps=recycling_steps), 3)
 
 
 @pytest.mark.parametrize(
-    "fold_mesh,n_tokens",
-    [((2, 1, 2), 23), ((1, 2, 2), 37), ((1, 2, 3), 23), ((1, 3, 3), 37)],
+    "fold_mesh,n_tokens,recycling_steps",
+    [((2, 1, 2), 23, 0), ((1, 2, 2), 37, 1), ((1, 2, 3), 23, 0), ((1, 3, 3), 37, 0)],
     indirect=["fold_mesh"],
-    ids=lambda v: mesh_id(v) if isinstance(v, tuple) else f"N{v}",
+    ids=lambda v: mesh_id(v) if isinstance(v, tuple) else f"{v}",
 )
-def test_trunk_matches_serial_without_fallbacks(fold_mesh, n_tokens):
+def test_trunk_matches_serial_without_fallbacks(fold_mesh, n_tokens, recycling_steps):
     sample = batched(make_complex(n_tokens, seed=7, msa_rows=5, atom_multiple=32))
     ligand = const.chain_type_ids["NONPOLYMER"]
     collective_assert(bool((sample["mol_type"] == ligand).any()), "no ligand (one-atom) token")
-    report = validate_model(trunk(), sample, fold_mesh)
+    report = validate_model(trunk(recycling_steps), sample, fold_mesh)
     collective_assert(report.ok, report.format())
 
 

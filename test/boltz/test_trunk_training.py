@@ -73,7 +73,7 @@ def serial_run(dataset, indices_per_group, opt_settings):
 )
 def test_trunk_training_steps_match_serial(fold_mesh, wrapper):
     mesh = fold_mesh
-    dataset = SyntheticComplexes(2 * mesh.ddp_size, 13, 29, seed=3, msa_rows=3, atom_multiple=32)
+    dataset = SyntheticComplexes(2 * mesh.ddp_size, 11, 19, seed=3, msa_rows=3, atom_multiple=32)
     opt_settings = OptimizerSettings(name="sgd", lr=0.05, momentum=0.9)
     settings = TrainSettings(steps=STEPS, wrapper=wrapper, seed=7, progress=False, log_every=0)
     result = train(make_trunk(), mesh, dataset, settings, optimizer=opt_settings)
