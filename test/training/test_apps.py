@@ -242,8 +242,12 @@ def test_prediction_on_4_ranks_writes_the_serial_distograms(trained, tmp_path):
     assert proc.returncode == 0, tail(proc)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = OmegaConf.to_container(compose(config_name="predict"), resolve=True)
-    dataset = build_dataset(cfg["data"])
     model = build_model(cfg["model"], 0)
+    assert_serial_distograms(out, model, build_dataset(cfg["data"]), checkpoint)
+
+
+def assert_serial_distograms(out, model, dataset, checkpoint):
+    """The 4 distograms in ``out`` are the serial ``model``'s, loaded from ``checkpoint``."""
     load_checkpoint(checkpoint, model, restore_rng=False)
     assert len(list(out.glob("*.npz"))) == len(dataset) == 4
     with torch.no_grad():
@@ -413,12 +417,4 @@ def test_the_boltz2_trunk_trains_resumes_and_predicts_on_4_ranks(tmp_path):
         cfg = compose(config_name="predict", overrides=["model=boltz2_trunk"])
         cfg = OmegaConf.to_container(cfg, resolve=True)
     model = build_model(cfg["model"], 0).eval()
-    dataset = build_dataset(cfg["data"], model)
-    load_checkpoint(checkpoint, model, restore_rng=False)
-    assert len(list(out.glob("*.npz"))) == len(dataset) == 4
-    with torch.no_grad():
-        for index in range(len(dataset)):
-            sample = dataset[index]
-            expected = model(**sample)["pdistogram"][0]
-            got = read_distogram(out / f"{sample['record_id']}.npz")
-            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert_serial_distograms(out, model, build_dataset(cfg["data"], model), checkpoint)
