@@ -26,11 +26,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.func import functional_call
 
 from physicsnemo_foldcp.ops import ShardingLayoutError, compat
 from physicsnemo_foldcp.ops._blocks import describe, local_of
-from physicsnemo_foldcp.ops.modules import tile_parameters
+from physicsnemo_foldcp.ops.modules import submodule_caller, tile_parameters
 from physicsnemo_foldcp.ops.tensor import FoldTensor, wrap
 
 FEATURES = ("contact_conditioning", "contact_threshold")
@@ -61,8 +60,7 @@ def contact_conditioning(module: torch.nn.Module, feats: dict[str, Any]) -> Fold
             f"tiles laid out alike, got {[describe(t) for t in tiles]}"
         )
     local = {name: local_of(feats[name]) for name in FEATURES}
-    params = tile_parameters(module, pair.device_mesh)
-    out = functional_call(module, params, (local,), tie_weights=False)
+    out = submodule_caller(module, tile_parameters(module, pair.device_mesh))("", local)
     shapes = {
         mesh_dim: [(*shape[:-1], out.shape[-1]) for shape in per_rank]
         for mesh_dim, per_rank in compat.sharding_shapes(pair).items()

@@ -156,13 +156,15 @@ def submodule_caller(
 ) -> Callable[..., torch.Tensor]:
     """``call(name, *inputs, **kwargs)``: submodule ``name``'s own forward with ``params``.
 
+    ``name=""`` calls ``module`` itself.
+
     ``params`` are keyed like :func:`parameter_slots` (e.g. :func:`tile_parameters`);
     the submodule runs through :func:`torch.func.functional_call`, so its own forward (and
     dtype handling) is kept.
     """
 
     def call(name: str, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        prefix = name + "."
+        prefix = f"{name}." if name else ""
         own = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
         return functional_call(module.get_submodule(name), own, inputs, kwargs, tie_weights=False)
 

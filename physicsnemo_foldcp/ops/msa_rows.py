@@ -78,18 +78,9 @@ def plan_msa_route(
 ) -> RowRoute:
     """The :class:`~physicsnemo_foldcp.ops.row_routes.RowRoute` of rank ``p`` for ``x[:, idx]``.
 
-    Parameters
-    ----------
-    index : torch.Tensor
-        int64 ``[k]`` on the CPU, values in ``[0, sum(in_sizes))``, the same on every rank.
-    in_sizes : sequence of int
-        Input row blocks ``S_t`` over ``cp0``.
-    p : int
-        This rank's coordinate on ``cp0``.
-    peers : sequence of int
-        Global rank of ``(t, q)`` for every ``t``.
-    device : torch.device
-        Where the index tensors of the route go (the local block's device).
+    ``index`` (int64 ``[k]`` on the CPU, the same on every rank) picks input rows; output
+    row block ``t`` holds ``index`` over :func:`msa_row_sizes` blocks of ``k``. The other
+    arguments are :func:`~physicsnemo_foldcp.ops.row_routes.plan_route`'s.
     """
     out_starts = block_starts(msa_row_sizes(index.numel(), len(in_sizes)))
     wanted = [index[a:b] for a, b in zip(out_starts, [*out_starts[1:], index.numel()])]
