@@ -139,48 +139,48 @@ class Operand:
         return self.placements is not None and self.placements[mesh_dim].is_partial()
 
 
+def _walk(obj: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            yield from _walk(item, (*path, i))
+    elif isinstance(obj, Mapping):
+        for key, item in obj.items():
+            yield from _walk(item, (*path, key))
+
+
 def tensor_leaves(args: tuple, kwargs: dict) -> Iterator[tuple[tuple, Any]]:
     """``(path, tensor)`` of every tensor in ``args`` and ``kwargs``.
 
     Lists, tuples and mappings (a module's feature dict) are looked into.
     """
-
-    def walk(obj: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
-        if isinstance(obj, torch.Tensor):
-            yield path, obj
-        elif isinstance(obj, (list, tuple)):
-            for i, item in enumerate(obj):
-                yield from walk(item, (*path, i))
-        elif isinstance(obj, Mapping):
-            for key, item in obj.items():
-                yield from walk(item, (*path, key))
-
     for i, a in enumerate(args):
-        yield from walk(a, ("args", i))
+        yield from _walk(a, ("args", i))
     for key, value in kwargs.items():
-        yield from walk(value, ("kwargs", key))
+        yield from _walk(value, ("kwargs", key))
+
+
+def _rebuild(obj: Any, path: tuple, new: dict[tuple, Any]) -> Any:
+    if path in new:
+        return new[path]
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Tensor):
+        items = [_rebuild(item, (*path, i), new) for i, item in enumerate(obj)]
+        return type(obj)(items) if isinstance(obj, list) else tuple(items)
+    if isinstance(obj, Mapping) and any(len(p) > len(path) and p[: len(path)] == path for p in new):
+        return {key: _rebuild(item, (*path, key), new) for key, item in obj.items()}
+    return obj
 
 
 def replace_leaves(args: tuple, kwargs: dict, new: dict[tuple, Any]) -> tuple[tuple, dict]:
     """``(args, kwargs)`` with the tensor at each path of ``new`` replaced.
 
-    A mapping that holds a replaced tensor comes back as a plain ``dict``.
+    A mapping that holds a replaced tensor comes back as a plain ``dict``. The recursion is
+    a module-level function, not a closure: a recursive closure is a reference cycle, and
+    the tensors of ``new`` would then live until the garbage collector runs.
     """
-
-    def rebuild(obj: Any, path: tuple) -> Any:
-        if path in new:
-            return new[path]
-        if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Tensor):
-            items = [rebuild(item, (*path, i)) for i, item in enumerate(obj)]
-            return type(obj)(items) if isinstance(obj, list) else tuple(items)
-        if isinstance(obj, Mapping) and any(
-            len(p) > len(path) and p[: len(path)] == path for p in new
-        ):
-            return {key: rebuild(item, (*path, key)) for key, item in obj.items()}
-        return obj
-
-    out_args = tuple(rebuild(a, ("args", i)) for i, a in enumerate(args))
-    out_kwargs = {k: rebuild(v, ("kwargs", k)) for k, v in kwargs.items()}
+    out_args = tuple(_rebuild(a, ("args", i), new) for i, a in enumerate(args))
+    out_kwargs = {k: _rebuild(v, ("kwargs", k), new) for k, v in kwargs.items()}
     return out_args, out_kwargs
 
 

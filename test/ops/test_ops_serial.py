@@ -16,7 +16,9 @@ from physicsnemo_foldcp.ops import (
     representative_atoms,
     tokens_to_atoms,
 )
+from physicsnemo_foldcp.ops.blockwise import replace_leaves, tensor_leaves
 from physicsnemo_foldcp.ops.maps import CONTRACTION_FUNCS
+from physicsnemo_foldcp.testing.memory import tensors_in_reference_cycles
 
 RELPOS_KEYS = ("residue_index", "token_index", "asym_id", "entity_id", "sym_id")
 
@@ -188,3 +190,19 @@ def test_submodules_called_with_other_tensors_get_their_own_parameters_back():
     assert torch.allclose(out, expected, rtol=1e-6, atol=1e-6)
     after = dict(holder.named_parameters(remove_duplicate=False))
     assert all(after[name] is p for name, p in before.items())
+
+
+def test_replacing_tensor_leaves_leaves_no_tensor_in_a_reference_cycle():
+    """A recursive closure over the replacements kept them alive until the next collection."""
+    replacement = torch.full((3,), 2.0)
+
+    def run():
+        args = ({"a": torch.ones(3), "b": [torch.zeros(2)]},)
+        paths = [path for path, _ in tensor_leaves(args, {"c": torch.ones(1)})]
+        assert paths == [("args", 0, "a"), ("args", 0, "b", 0), ("kwargs", "c")]
+        out_args, _ = replace_leaves(args, {}, {("args", 0, "a"): replacement.clone()})
+        assert torch.equal(out_args[0]["a"], replacement)
+        assert out_args[0]["b"][0] is args[0]["b"][0]
+
+    left = tensors_in_reference_cycles(run)
+    assert not left, f"tensors left in reference cycles: {[tuple(t.shape) for t in left]}"

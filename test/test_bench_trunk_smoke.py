@@ -1,0 +1,67 @@
+"""The trunk benchmark at a tiny size: the loss is the serial trunk's, the peaks add up."""
+
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from physicsnemo_foldcp.testing import collective_assert
+
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+pytest.importorskip("boltz.model.modules.trunkv2")
+
+from benchmarks.bench_trunk import (  # noqa: E402
+    TrunkSizes,
+    run_trunk_benchmark,
+    write_results,
+)
+
+N = 29  # uneven token blocks on 2x2: 15 + 14
+SIZES = TrunkSizes(
+    token_s=16,
+    token_z=8,
+    atom_s=8,
+    atom_z=4,
+    msa_s=8,
+    pairformer_blocks=1,
+    num_heads=2,
+    pairwise_head_width=4,
+    pairwise_num_heads=2,
+    msa_rows=6,
+)
+MEMORY_STEPS = 2
+
+
+@pytest.mark.multigpu_static
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=str)
+def test_trunk_benchmark_matches_the_serial_loss_and_keeps_the_median_peak(fold_mesh, tmp_path):
+    row = run_trunk_benchmark(fold_mesh, N, sizes=SIZES, repeats=1, memory_steps=MEMORY_STEPS)
+    problems = []
+    for key in ("held_MiB", "step_peak_MiB", "peak_MiB", "time_s", "loss", "serial_loss"):
+        value = row.get(key)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            problems.append(f"{key} = {value!r}")
+    if not row["losses_agree"] or not row["loss_ok"]:
+        problems.append(f"loss {row['loss']} vs serial {row['serial_loss']}")
+    peaks = row["peaks_MiB"]
+    if len(peaks) != MEMORY_STEPS or row["peak_MiB"] != statistics.median(peaks):
+        problems.append(f"peak {row['peak_MiB']} is not the median of {peaks}")
+    for r in row["ranks"]:
+        if len(r["step_peaks"]) != MEMORY_STEPS or min(r["step_peaks"]) <= 0 or r["held"] <= 0:
+            problems.append(f"rank {r['rank']}: held {r['held']}, step peaks {r['step_peaks']}")
+    largest = [max(r["held"] + r["step_peaks"][i] for r in row["ranks"]) for i in range(2)]
+    if [v / 2**20 for v in largest] != peaks:
+        problems.append(f"per-step peaks {peaks} are not the largest over the ranks {largest}")
+    if fold_mesh.rank == 0:
+        md, png, _ = write_results([row], "test", Path(tmp_path))
+        text = md.read_text()
+        if "| 2x2 |" not in text or "range over steps" not in text:
+            problems.append("the table misses the 2x2 row or the range of the peaks")
+        if png.read_bytes()[:4] != b"\x89PNG":
+            problems.append("the PNG is missing")
+    collective_assert(not problems, "; ".join(problems))
