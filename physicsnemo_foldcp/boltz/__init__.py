@@ -25,6 +25,7 @@ HANDLER_MODULES: tuple[str, ...] = (
     "outer_product_mean",
     "pair_averaging",
     "pairformer",
+    "templates",
     "triangle_attention",
     "triangle_mult",
 )

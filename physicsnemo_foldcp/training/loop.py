@@ -576,6 +576,12 @@ def train(
     compile_model(
         unwrap(wrapped), mesh, settings.compile, regions=regions, backend=settings.compile_backend
     )
+    if rank0:
+        logger.info(
+            "mesh %s (ddp x cp0 x cp1), model wrapped as %s over ddp",
+            "x".join(map(str, mesh.shape)),
+            type(wrapped).__name__,
+        )
     opt = build_optimizer(wrapped, opt_settings)
     loader = ShardedLoader(
         dataset,

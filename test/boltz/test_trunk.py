@@ -11,6 +11,7 @@ import torch
 
 from physicsnemo_foldcp import scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
+from physicsnemo_foldcp.ops import ShardingLayoutError
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.memory import LocalSizeGuard, tensors_in_reference_cycles
 from physicsnemo_foldcp.testing.parity import randomize_parameters
@@ -41,6 +42,22 @@ def test_trunk_matches_serial_without_fallbacks(fold_mesh, n_tokens, recycling_s
     collective_assert(bool((sample["mol_type"] == ligand).any()), "no ligand (one-atom) token")
     report = validate_model(trunk(recycling_steps), sample, fold_mesh)
     collective_assert(report.ok, report.format())
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_trunk_with_templates_is_refused_by_name(fold_mesh, version):
+    torch.manual_seed(0)
+    template_args = {"template_dim": 8, "template_blocks": 1, "pairwise_num_heads": 2}
+    model = Boltz2Trunk(
+        use_templates=True, use_templates_v2=version == "v2", template_args=template_args
+    )
+    name = "TemplateV2Module" if version == "v2" else "TemplateModule"
+    feats = scatter_features(
+        batched(make_complex(23, seed=7, msa_rows=5, atom_multiple=32)), fold_mesh
+    )
+    with pytest.raises(ShardingLayoutError, match=f"^{name}: .*use_templates=False"):
+        model(**feats)
 
 
 GUARD_FACTOR = 4

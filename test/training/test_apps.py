@@ -17,6 +17,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from physicsnemo_foldcp.data import save_sample
+from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.training import read_distogram
 from physicsnemo_foldcp.training.checkpoint import checkpoint_path, load_checkpoint
 from physicsnemo_foldcp.training.config import build_dataset, build_model
@@ -384,6 +386,39 @@ def test_a_job_restarted_by_torchrun_continues_the_run(tmp_path):
     assert resumed in output, tail(proc)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, 8))
+
+
+def test_the_boltz2_trunk_trains_and_predicts_on_feature_files_with_ddp(tmp_path):
+    """``model=boltz2_trunk data=files``: train with DDP on ``ddp 2 x cp 1x2``, predict on 2x2.
+
+    The files hold atoms padded to whole windows, as Boltz's featurizer writes them. That
+    DDP steps equal serial steps is shown in ``test/boltz/test_trunk_training.py``; here
+    the app runs them from feature files and the loss falls, and ``predict.py`` writes the
+    serial trunk's distograms of the files.
+    """
+    pytest.importorskip("boltz")
+    samples, run_dir, out = tmp_path / "samples", tmp_path / "run", tmp_path / "p"
+    samples.mkdir()
+    for i, n in enumerate((19, 23, 26, 21)):
+        sample = make_complex(n, seed=i, msa_rows=4, atom_multiple=32)
+        save_sample({**sample, "record_id": f"file{i}"}, samples / f"{i}.pt")
+    data = ["model=boltz2_trunk", "data=files", f"data.path={samples}"]
+    train = ["mesh.cp=[1,2]", "train.wrapper=ddp", "train.progress=false", "train.steps=3"]
+    proc = launch("train.py", [*data, *train, f"run_dir={run_dir}"], 4)
+    assert proc.returncode == 0, tail(proc)
+    assert "wrapped as DistributedDataParallel" in proc.stdout + proc.stderr, tail(proc)
+    curve = losses(run_dir)
+    assert sorted(curve) == [1, 2, 3], curve
+    assert curve[3] < curve[1] - 0.5, curve
+
+    checkpoint = checkpoint_path(run_dir / "checkpoints", 3)
+    predict = ["mesh.cp=[2,2]", f"predict.checkpoint={checkpoint}", f"predict.out_dir={out}"]
+    proc = launch("predict.py", [*data, *predict], 4)
+    assert proc.returncode == 0, tail(proc)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = OmegaConf.to_container(compose(config_name="predict", overrides=data), resolve=True)
+    model = build_model(cfg["model"], 0).eval()
+    assert_serial_distograms(out, model, build_dataset(cfg["data"], model), checkpoint)
 
 
 def test_the_boltz2_trunk_trains_resumes_and_predicts_on_4_ranks(tmp_path):

@@ -110,6 +110,8 @@ def test_default_configs_compose():
     assert model.config.c_token == 32 and len(model.blocks) == 2
     predict = config("predict")
     assert predict["data"]["n_samples"] == 4 and predict["predict"]["checkpoint"] is None
+    files = config("predict", ["data=files", "data.path=/samples"])["data"]
+    assert files == {**config("train", ["data=files", "data.path=/samples"])["data"]}
     sgd = optimizer_settings(config("train", ["optimizer=sgd"])["optimizer"])
     assert (sgd.name, sgd.lr, sgd.momentum) == ("sgd", 1e-2, 0.9)
 
@@ -158,7 +160,7 @@ def test_every_default_is_written_once():
     # Every value a YAML file sets, besides selecting configs; each one is commented there.
     allowed = {
         "train.yaml": {"train"},
-        "predict.yaml": {"data"},
+        "data/synthetic_preview.yaml": {"n_samples"},
         "optimizer/sgd.yaml": {"name", "lr", "momentum"},
         "model/small.yaml": {"_target_"},
         "model/boltz2_trunk.yaml": {"_target_"},
