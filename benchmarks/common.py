@@ -189,6 +189,9 @@ class PeakMemory:
             live += nbytes
             peak = max(peak, live)
         self.peak = peak
+        # the recorded events hold every allocation of the block: let them go now, or
+        # several profiled steps per rank add up to gigabytes of host memory per process
+        self._profiler = None
 
 
 def use_mmap_for_large_allocations(threshold: int = 1 << 16) -> bool:
