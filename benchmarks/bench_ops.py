@@ -58,10 +58,10 @@ except ModuleNotFoundError:  # run as a script: the repository root is not on th
 
 import physicsnemo_foldcp as fc
 from physicsnemo_foldcp import ops
+from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.tensor import own_functions
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
-from physicsnemo_foldcp.ops import compat
-from physicsnemo_foldcp.ops.dispatch import OWN
 
 PATHS = ("foldcp", "fallback")
 """The two ways every op runs."""
@@ -183,7 +183,7 @@ def physicsnemo_default() -> Iterator[None]:
     Together with plain ShardTensor inputs (:func:`untagged`), every call then takes
     PhysicsNeMo's dispatch exactly as it is without this package.
     """
-    with compat.function_handlers_removed(tuple(OWN)):
+    with compat.function_handlers_removed(tuple(own_functions())):
         yield
 
 

@@ -37,7 +37,7 @@ Measured per launch and ``N`` (every figure the same on every rank):
   starts) and a hook on the gradient of its input (its backward is done) switch it,
   following the autograd engine's order. Per op: bytes of the largest rank, averaged over
   the layers;
-* **gathers the plugin reported** (:func:`physicsnemo_foldcp.ops.events.observe`, kind
+* **gathers the plugin reported** (:func:`physicsnemo_foldcp.core.events.observe`, kind
   ``fallback``: an op that could not stay on the local blocks), with their op names and the
   layer op they came from; ideally none;
 * **time per layer**: median over ``--repeats`` steps of the largest wall time over the
@@ -91,9 +91,10 @@ except ModuleNotFoundError:  # run as a script: the repository root is not on th
 
 import physicsnemo_foldcp as fc
 import physicsnemo_foldcp.boltz as fc_boltz
+from physicsnemo_foldcp.core import compat, events
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.spec import FeatureSpec
-from physicsnemo_foldcp.ops import compat, events, masked_mean, wrap
+from physicsnemo_foldcp.ops import masked_mean, wrap
 from physicsnemo_foldcp.testing.layouts import TokenLayout
 from physicsnemo_foldcp.training.loop import loss_value, set_precision
 

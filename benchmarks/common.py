@@ -412,7 +412,7 @@ def tensor_bytes(tensors: Iterable[Any]) -> int:
     """
     from physicsnemo.domain_parallel import ShardTensor
 
-    from physicsnemo_foldcp.ops import compat
+    from physicsnemo_foldcp.core import compat
 
     seen: set[int] = set()
     total = 0

@@ -1,7 +1,7 @@
 """The upstream versions this package is tested with, checked when it is imported.
 
 The plugin extends PhysicsNeMo's ShardTensor dispatch and reads a few of its private names
-(all in :mod:`physicsnemo_foldcp.ops.compat`). Those names change between releases, so
+(all in :mod:`physicsnemo_foldcp.core.compat`). Those names change between releases, so
 importing the package on a PhysicsNeMo or torch outside the tested range raises one
 :class:`ImportError` that names the range, before anything else is imported. Setting the
 environment variable ``FOLDCP_ALLOW_UNTESTED=1`` turns the error into a warning.

@@ -1,4 +1,4 @@
-"""Only ``ops/compat.py`` reads private names of PhysicsNeMo or torch.distributed.
+"""Only ``core/compat.py`` reads private names of PhysicsNeMo or torch.distributed.
 
 The private names are collected from the installed upstream code itself (module-level
 names and class attributes starting with one underscore), so a name upstream adds later is
@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 import physicsnemo_foldcp
 
 PACKAGE = Path(physicsnemo_foldcp.__file__).parent
-COMPAT = PACKAGE / "ops" / "compat.py"
+COMPAT = PACKAGE / "core" / "compat.py"
 UPSTREAM_PACKAGES = ("physicsnemo", "torch.distributed")
 
 
@@ -108,7 +108,7 @@ def test_only_the_compat_module_uses_private_upstream_names():
         found = violations(path.read_text(), private)
         if found:
             offenders[str(path.relative_to(PACKAGE))] = found
-    assert not offenders, f"private upstream names outside ops/compat.py: {offenders}"
+    assert not offenders, f"private upstream names outside core/compat.py: {offenders}"
 
 
 def test_the_compat_module_does_use_them():

@@ -39,11 +39,11 @@ from typing import Any
 import torch
 from torch.nn.functional import one_hot
 
+from physicsnemo_foldcp.core.blocks import ROWS, local_of, row_shapes
+from physicsnemo_foldcp.core.tensor import FoldTensor, wrap
 from physicsnemo_foldcp.ops import ShardingLayoutError
-from physicsnemo_foldcp.ops._blocks import ROWS, local_of, row_shapes
 from physicsnemo_foldcp.ops.atom_windows import ATOM_DIM, AtomWindows
 from physicsnemo_foldcp.ops.modules import submodule_caller, tile_parameters
-from physicsnemo_foldcp.ops.tensor import FoldTensor, wrap
 
 
 class WindowKeys:

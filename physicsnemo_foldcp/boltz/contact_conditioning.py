@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
-from physicsnemo_foldcp.ops import ShardingLayoutError, compat
-from physicsnemo_foldcp.ops._blocks import describe, local_of
+from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.blocks import describe, local_of
+from physicsnemo_foldcp.core.tensor import FoldTensor, wrap
+from physicsnemo_foldcp.ops import ShardingLayoutError
 from physicsnemo_foldcp.ops.modules import submodule_caller, tile_parameters
-from physicsnemo_foldcp.ops.tensor import FoldTensor, wrap
 
 FEATURES = ("contact_conditioning", "contact_threshold")
 """The features the module reads, both pair tiles."""

@@ -83,8 +83,8 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Shard
 
-from physicsnemo_foldcp.ops import ShardingLayoutError, compat
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.blocks import (
     COLUMNS,
     ROWS,
     all_reduce,
@@ -100,8 +100,9 @@ from physicsnemo_foldcp.ops._blocks import (
     require_shard_tensor,
     tile_shapes,
 )
+from physicsnemo_foldcp.core.tensor import wrap
+from physicsnemo_foldcp.ops import ShardingLayoutError
 from physicsnemo_foldcp.ops.modules import submodule_caller, tile_parameters
-from physicsnemo_foldcp.ops.tensor import wrap
 from physicsnemo_foldcp.sharding.plan import split_sizes
 
 # -- geometry --------------------------------------------------------------------------------

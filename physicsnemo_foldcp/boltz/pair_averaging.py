@@ -44,9 +44,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor.placement_types import Shard
 
-from physicsnemo_foldcp.boltz.triangle_attention import Layout, QueryStrip
-from physicsnemo_foldcp.ops import ShardingLayoutError, compat
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.blocks import (
     COLUMNS,
     ROWS,
     coordinate,
@@ -56,9 +55,11 @@ from physicsnemo_foldcp.ops._blocks import (
     rank_label,
     require_shard_tensor,
 )
-from physicsnemo_foldcp.ops.blockwise import GatherOver
+from physicsnemo_foldcp.core.tensor import wrap
+from physicsnemo_foldcp.dispatch.blockwise import GatherOver
+from physicsnemo_foldcp.kernels.triangle_attention import Layout, QueryStrip
+from physicsnemo_foldcp.ops import ShardingLayoutError
 from physicsnemo_foldcp.ops.modules import submodule_caller, tile_parameters
-from physicsnemo_foldcp.ops.tensor import wrap
 
 
 def pair_weighted_averaging(

@@ -23,11 +23,11 @@ What runs instead
 -----------------
 The handlers below run the module's own submodules (``torch.func.functional_call`` with
 its own parameters) on the local blocks, and the contraction panel by panel
-(:func:`physicsnemo_foldcp.ops.triangle.triangle_product`; outgoing: ``a`` stays, ``b``'s
-panel rows are all-gathered over ``cp0``, each partial output panel is reduce-scattered
-over ``cp1``; incoming: the same with the axes exchanged). Peak extra memory about three
-tile-sized buffers forward and four backward, whatever the mesh; no communication but the
-contraction's in forward.
+(:func:`physicsnemo_foldcp.kernels.triangle_product.triangle_product`; outgoing: ``a``
+stays, ``b``'s panel rows are all-gathered over ``cp0``, each partial output panel is
+reduce-scattered over ``cp1``; incoming: the same with the axes exchanged). Peak extra
+memory about three tile-sized buffers forward and four backward, whatever the mesh; no
+communication but the contraction's in forward.
 
 Collectives per call, ``S = max(cp0, cp1)`` panels (a collective over a mesh dim of size 1
 is skipped; "tile" = one rank's ``a`` block, bytes received per rank):
@@ -52,7 +52,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Shard
 
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core.blocks import (
     COLUMNS,
     ROWS,
     ShardingLayoutError,
@@ -63,10 +63,10 @@ from physicsnemo_foldcp.ops._blocks import (
     require_shard_tensor,
     tile_shapes,
 )
-from physicsnemo_foldcp.ops.compat import global_shape
+from physicsnemo_foldcp.core.compat import global_shape
+from physicsnemo_foldcp.core.tensor import FoldTensor, wrap
+from physicsnemo_foldcp.kernels.triangle_product import INCOMING, OUTGOING, triangle_product
 from physicsnemo_foldcp.ops.modules import submodule_caller, tile_parameters
-from physicsnemo_foldcp.ops.tensor import FoldTensor, wrap
-from physicsnemo_foldcp.ops.triangle import INCOMING, OUTGOING, triangle_product
 
 TILE = (Shard(1), Shard(2))
 

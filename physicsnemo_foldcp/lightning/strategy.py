@@ -49,10 +49,10 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.data import DataLoader
 
+from physicsnemo_foldcp.core import compat
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import WRAPPERS, sync_over_domain, wrap_model
-from physicsnemo_foldcp.ops import compat
 from physicsnemo_foldcp.training.checkpoint import (
     CheckpointError,
     load_checkpoint,

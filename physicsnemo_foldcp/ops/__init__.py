@@ -18,24 +18,29 @@ Communication, forward / backward (a collective over a mesh dim of size 1 is ski
 * :func:`masked_mean`: ``Replicate`` over the mesh dims that shard a reduced axis (never
   ``Partial``); one all-reduce per such mesh dim / none.
 * every other torch function on a FoldTensor: the rule table
-  (:mod:`~physicsnemo_foldcp.ops.rules`, printed by ``rules.table()``): local on the
+  (:mod:`~physicsnemo_foldcp.dispatch.rules`, printed by ``rules.table()``): local on the
   blocks where it can be, gathered (and reported) where it reads along a sharded axis.
 
 Only FoldTensors (and calls that have one among their operands) take this path; a
 ShardTensor made elsewhere keeps PhysicsNeMo's dispatch as it is. Every private upstream
-name the package uses is in :mod:`~physicsnemo_foldcp.ops.compat`.
+name the package uses is in :mod:`~physicsnemo_foldcp.core.compat`.
 """
 
-from physicsnemo_foldcp.ops import rules
-from physicsnemo_foldcp.ops._blocks import MapLayoutError, ShardingLayoutError
+# The rule rows register at import: the generic ones (dispatch.rules), then each op module's
+# own; map tags come first, so a map's own rules precede the views of a single.
+from physicsnemo_foldcp.core.blocks import MapLayoutError, ShardingLayoutError
+from physicsnemo_foldcp.core.events import GatherEvent, observe
+from physicsnemo_foldcp.core.tags import MapTag, ViewTag
+from physicsnemo_foldcp.core.tensor import FoldTensor, map_tag, tag_of, view_tag, wrap
+from physicsnemo_foldcp.dispatch import rules
+from physicsnemo_foldcp.ops import maps, msa_rows, single_pair  # noqa: F401
 from physicsnemo_foldcp.ops.atom_token import (
     atoms_to_tokens_mean,
     representative_atoms,
     tokens_to_atoms,
 )
 from physicsnemo_foldcp.ops.attention import pair_bias_attention
-from physicsnemo_foldcp.ops.events import GatherEvent, observe
-from physicsnemo_foldcp.ops.maps import SUPPORTED_FORMS, tag_maps
+from physicsnemo_foldcp.ops.maps import SUPPORTED_FORMS
 from physicsnemo_foldcp.ops.masks import masked_mean, pair_mask
 from physicsnemo_foldcp.ops.single_pair import (
     outer_sum,
@@ -43,8 +48,7 @@ from physicsnemo_foldcp.ops.single_pair import (
     relative_position_encoding,
     relpos_width,
 )
-from physicsnemo_foldcp.ops.tags import MapTag, ViewTag
-from physicsnemo_foldcp.ops.tensor import FoldTensor, adopt, map_tag, tag_of, view_tag, wrap
+from physicsnemo_foldcp.sharding.map_tags import tag_maps
 
 __all__ = [
     "SUPPORTED_FORMS",
@@ -54,7 +58,6 @@ __all__ = [
     "MapTag",
     "ShardingLayoutError",
     "ViewTag",
-    "adopt",
     "atoms_to_tokens_mean",
     "map_tag",
     "masked_mean",

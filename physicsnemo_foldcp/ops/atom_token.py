@@ -4,10 +4,11 @@ Each op is a plain-torch function with the serial semantics of Boltz, and a Shar
 handler registered at import. Atoms follow their tokens, so the handlers multiply co-sharded
 local blocks: **no collective in forward or backward** for the activations. The map is data
 (no gradient); a map that requires grad is refused with a clear error. A map that
-:func:`~physicsnemo_foldcp.ops.tag_maps` has not checked (untagged, or tagged with
-``check=False``) is checked on each call: one ``all_reduce`` of a flag over each mesh dim,
-so a block with entries outside its rank's tokens fails every rank at once with that
-rank's message (:func:`~physicsnemo_foldcp.ops._blocks.raise_on_every_rank`).
+:func:`~physicsnemo_foldcp.sharding.map_tags.tag_maps` has not checked (untagged, or
+with a tag built elsewhere with ``checked=False``) is checked on each call: one
+``all_reduce`` of a flag over each mesh dim, so a block with entries outside its rank's
+tokens fails every rank at once with that rank's message
+(:func:`~physicsnemo_foldcp.core.blocks.raise_on_every_rank`).
 
 Shapes (batched ``[B, ...]`` as Boltz uses them; the unbatched forms drop ``B``):
 
@@ -30,7 +31,7 @@ from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.overrides import handle_torch_function, has_torch_function
 
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core.blocks import (
     ROWS,
     MapLayoutError,
     ShardingLayoutError,
@@ -44,10 +45,10 @@ from physicsnemo_foldcp.ops._blocks import (
     row_dim,
     row_shapes,
 )
-from physicsnemo_foldcp.ops.compat import global_shape, local_tensor
-from physicsnemo_foldcp.ops.dispatch import register_own
-from physicsnemo_foldcp.ops.tags import MapTag
-from physicsnemo_foldcp.ops.tensor import map_tag, wrap
+from physicsnemo_foldcp.core.compat import global_shape, local_tensor
+from physicsnemo_foldcp.core.tags import MapTag
+from physicsnemo_foldcp.core.tensor import map_tag, register_own, wrap
+from physicsnemo_foldcp.sharding.map_tags import dense_block_problem, index_block_problem
 
 DEFAULT_EPS = 1e-6
 """Boltz's ``eps`` in the atoms -> tokens mean."""
@@ -89,40 +90,6 @@ def _dense_mean_weights(block: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 # -- checks ----------------------------------------------------------------------------------
-
-
-def dense_block_problem(
-    local: torch.Tensor, block_dim: int, start: int, length: int, what: str
-) -> str | None:
-    """Why a dense map block has entries outside columns ``[start, start + length)``."""
-    total = local.shape[block_dim]
-    for lo, hi in ((0, start), (start + length, total)):
-        if hi <= lo:
-            continue
-        outside = local.narrow(block_dim, lo, hi - lo)
-        if bool((outside != 0).any()):
-            where = (outside != 0).nonzero()[0].tolist()
-            where[block_dim] += lo
-            return (
-                f"{what} has a nonzero entry at local index {tuple(where)}, in column "
-                f"{where[block_dim]} outside this rank's column block [{start}, "
-                f"{start + length}): a row's atoms and tokens must live on the same rank "
-                "(scatter the sample, or build the map from the plan)"
-            )
-    return None
-
-
-def index_block_problem(local: torch.Tensor, start: int, length: int, what: str) -> str | None:
-    """Why an index map block points outside ``[start, start + length)`` (``-1`` is none)."""
-    bad = (local >= 0) & ((local < start) | (local >= start + length))
-    if bool(bad.any()):
-        where = tuple(bad.nonzero()[0].tolist())
-        return (
-            f"{what} holds position {int(local[where])} at local index {where}, outside "
-            f"this rank's block [{start}, {start + length}): a row's atoms and tokens must "
-            "live on the same rank"
-        )
-    return None
 
 
 def _map_layout(m: ShardTensor, x: ShardTensor, op: str, m_arg: str) -> str:
@@ -473,8 +440,6 @@ __all__ = [
     "atoms_to_tokens_mean",
     "contract_columns",
     "contract_rows",
-    "dense_block_problem",
-    "index_block_problem",
     "representative_atoms",
     "tokens_to_atoms",
 ]

@@ -43,8 +43,8 @@ import torch.distributed as dist
 from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.device_mesh import DeviceMesh
 
-from physicsnemo_foldcp.ops import compat
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.blocks import (
     ROWS,
     ShardingLayoutError,
     block_starts,
@@ -55,8 +55,8 @@ from physicsnemo_foldcp.ops._blocks import (
     row_dim,
     row_shapes,
 )
+from physicsnemo_foldcp.core.tensor import FoldTensor, wrap
 from physicsnemo_foldcp.ops.row_routes import RouteRows, RowRoute, plan_route
-from physicsnemo_foldcp.ops.tensor import FoldTensor, wrap
 
 ATOM_DIM = 1
 """The atom dim of Boltz's batched atom tensors ``[B, A, ...]``."""

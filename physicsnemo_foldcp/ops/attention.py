@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.overrides import handle_torch_function, has_torch_function
 
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core.blocks import (
     COLUMNS,
     ROWS,
     RowsAndColumns,
@@ -41,9 +41,8 @@ from physicsnemo_foldcp.ops._blocks import (
     row_dim,
     row_shapes,
 )
-from physicsnemo_foldcp.ops.compat import global_shape, local_tensor
-from physicsnemo_foldcp.ops.dispatch import register_own
-from physicsnemo_foldcp.ops.tensor import wrap
+from physicsnemo_foldcp.core.compat import global_shape, local_tensor
+from physicsnemo_foldcp.core.tensor import register_own, wrap
 
 DEFAULT_INF = 1e6
 """Magnitude of the additive logit penalty on masked keys (Boltz's ``inf``)."""

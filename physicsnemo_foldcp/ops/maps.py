@@ -2,7 +2,7 @@
 
 :func:`tag_maps` marks the one-hot maps of a scattered sample (``atom_to_token``,
 ``token_to_rep_atom``, ``token_to_center_atom``, ``r_set_to_rep_atom``, dense or index
-layout) with a :class:`~physicsnemo_foldcp.ops.tags.MapTag`. With the tag, Boltz's serial
+layout) with a :class:`~physicsnemo_foldcp.core.tags.MapTag`. With the tag, Boltz's serial
 expressions run on the local co-sharded blocks, with **no communication** in forward or
 backward (``a2t`` is ``atom_to_token``, ``t2r`` is ``token_to_rep_atom``):
 
@@ -33,7 +33,7 @@ all-gathering: a right operand laid out otherwise; the map as the right operand;
 map in a product; a map that requires grad; and a product with a tensor derived from a map
 by an op the plugin cannot follow (``view``, ``reshape``, indexing, ``+``), e.g. Boltz's
 windowed ``einsum("bijd,bwki,bwlj->bwkld", z, a2t_queries, a2t_keys)``. Every other use of
-a map is an ordinary op on a FoldTensor (:mod:`physicsnemo_foldcp.ops.rules`).
+a map is an ordinary op on a FoldTensor (:mod:`physicsnemo_foldcp.dispatch.rules`).
 
 The rules here are rows of the rule table; they return ``NotImplemented`` for calls that
 are not of their form.
@@ -47,16 +47,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-from physicsnemo_foldcp.features.spec import LAYOUT_AXES
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core.blocks import (
     COLUMNS,
     ROWS,
-    MapLayoutError,
     ShardingLayoutError,
     coordinate,
     describe,
@@ -64,15 +61,21 @@ from physicsnemo_foldcp.ops._blocks import (
     mesh_sizes,
     row_shapes,
 )
-from physicsnemo_foldcp.ops.atom_token import (
-    contract_columns,
-    contract_rows,
-    dense_block_problem,
-    index_block_problem,
+from physicsnemo_foldcp.core.compat import global_shape, local_tensor, sharding_shapes
+from physicsnemo_foldcp.core.tags import MapTag
+from physicsnemo_foldcp.core.tensor import (
+    DERIVE,
+    KEEP_TAG,
+    FoldTensor,
+    Rule,
+    map_tag,
+    register_result_hook,
+    register_rules,
+    tag_of,
+    wrap,
 )
-from physicsnemo_foldcp.ops.compat import global_shape, local_tensor, sharding_shapes
-from physicsnemo_foldcp.ops.tags import MapTag
-from physicsnemo_foldcp.ops.tensor import FoldTensor, fold, map_tag, tag_of, wrap
+from physicsnemo_foldcp.dispatch.rules import CONTRACTION_FUNCS, SWAP_FUNCS
+from physicsnemo_foldcp.ops.atom_token import contract_columns, contract_rows
 
 SUPPORTED_FORMS = (
     "torch.bmm / torch.matmul / torch.mm / Tensor.bmm / @ with the map as LEFT operand and "
@@ -84,17 +87,6 @@ SUPPORTED_FORMS = (
 )
 """The map products that run distributed (also listed in this module's docstring)."""
 
-CONTRACTION_FUNCS: tuple[Callable, ...] = (
-    torch.bmm,
-    torch.Tensor.bmm,
-    torch.matmul,
-    torch.Tensor.matmul,
-    torch.Tensor.__matmul__,
-    torch.mm,
-    torch.Tensor.mm,
-    torch.einsum,
-)
-"""Callables whose ShardTensor handlers route products with a tagged map."""
 
 
 def _unsupported(what: str, tag: MapTag | None) -> ShardingLayoutError:
@@ -103,117 +95,6 @@ def _unsupported(what: str, tag: MapTag | None) -> ShardingLayoutError:
         f"{what} is not supported on {name} under context parallelism (it would need other "
         f"ranks' blocks of the map). Supported: {SUPPORTED_FORMS}"
     )
-
-
-# -- tagging the scatter's output ------------------------------------------------------------
-
-
-def tag_maps(features: Any, *, check: bool = True) -> Any:
-    """Tag the one-hot maps of a scattered sample so Boltz's ``torch.bmm`` forms run locally.
-
-    Call on every rank of the domain group, right after
-    :func:`physicsnemo_foldcp.scatter_features` (it modifies the dict in place and returns
-    it). Every feature whose registry spec is ``one_hot`` becomes a
-    :class:`~physicsnemo_foldcp.ops.tags.TaggedShardTensor` (same data, same placements).
-
-    Parameters
-    ----------
-    features : ShardedFeatures
-        The scatter's output (needs ``.plan``, ``.registry``, ``.meta`` and ``.mesh``).
-    check : bool, default True
-        Check that every local map block has its entries inside this rank's blocks and
-        that its shapes agree with the plan. The outcome is shared over the domain group
-        (one object all-gather), so every rank raises the same error.
-
-    Returns
-    -------
-    ShardedFeatures
-        ``features``, with its maps tagged.
-
-    Raises
-    ------
-    MapLayoutError
-        On every rank of the domain group, when a map has an entry outside the rank's
-        block or a shape that disagrees with the plan (message names the feature, the
-        rank and the index).
-    """
-    plan, registry, mesh = features.plan, features.registry, features.mesh
-    batch = 1 if features.meta.batched else 0
-    problems: list[str] = []
-    for name in sorted(features):
-        if name not in registry:
-            continue
-        spec = registry[name]
-        value = features[name]
-        if not spec.one_hot or not isinstance(value, ShardTensor):
-            continue
-        rows_axis, columns_axis = spec.axes
-        if rows_axis not in LAYOUT_AXES or columns_axis not in LAYOUT_AXES:
-            continue
-        shape = global_shape(value)
-        layout = "dense" if len(shape) == batch + 2 else "index"
-        tag = MapTag(
-            name=name,
-            axes=(rows_axis, columns_axis),
-            layout=layout,
-            sharded_dim=batch,
-            block_dim=batch + 1 if layout == "dense" else None,
-            block_sizes=tuple(plan.row_sizes(columns_axis)),
-            checked=check,
-        )
-        if check:
-            problem = _check_tag(value, tag, plan)
-            if problem:
-                problems.append(problem)
-        features[name] = fold(value, tag)
-    if check:
-        _raise_collectively(problems, mesh)
-    return features
-
-
-def _check_tag(value: ShardTensor, tag: MapTag, plan: Any) -> str | None:
-    shape = global_shape(value)
-    rows = plan.padded_length(tag.axes[0])
-    columns = plan.padded_length(tag.axes[1])
-    if shape[tag.sharded_dim] != rows or (
-        tag.layout == "dense" and shape[tag.block_dim] != columns
-    ):
-        return (
-            f"{tag.name}: global shape {tuple(shape)} disagrees with the plan: "
-            f"{rows} {tag.axes[0]} x {columns} {tag.axes[1]} (padded layout)"
-        )
-    placements = tuple(value.placements)
-    if placements != (Shard(tag.sharded_dim), Replicate()):
-        return (
-            f"{tag.name}: placements {placements}, expected (Shard({tag.sharded_dim}), Replicate())"
-        )
-    sizes, planned = mesh_sizes(value, ROWS, tag.sharded_dim), list(plan.row_sizes(tag.axes[0]))
-    if sizes != planned:
-        return f"{tag.name}: cp0 row blocks {sizes} disagree with the plan's {planned}"
-    i, _ = coordinate(value.device_mesh)
-    start, length = tag.column_block(i)
-    local = local_tensor(value)
-    if tag.layout == "dense":
-        return dense_block_problem(local, tag.block_dim, start, length, tag.name)
-    return index_block_problem(local, start, length, tag.name)
-
-
-def _raise_collectively(problems: list[str], mesh: Any) -> None:
-    mine = "; ".join(problems) if problems else None
-    if not dist.is_initialized() or mesh.domain_size == 1:
-        gathered = [mine]
-    else:
-        gathered = [None] * mesh.domain_size
-        dist.all_gather_object(gathered, mine, group=mesh.object_group)
-    failures = {r: msg for r, msg in enumerate(gathered) if msg}
-    if failures:
-        cp1 = mesh.cp[1]
-        listing = "; ".join(
-            f"rank {mesh.domain_global_rank(r // cp1, r % cp1)} (cp0, cp1) = "
-            f"({r // cp1}, {r % cp1}): {msg}"
-            for r, msg in failures.items()
-        )
-        raise MapLayoutError(f"tag_maps: scattered map(s) do not follow their tokens: {listing}")
 
 
 # -- rules that keep a map's tag -------------------------------------------------------------
@@ -305,20 +186,6 @@ def _dims_of_swap(func: Callable, args: tuple, kwargs: dict, ndim: int) -> tuple
     return int(values[0]) % ndim, int(values[1]) % ndim
 
 
-SWAP_FUNCS = (
-    torch.Tensor.transpose,
-    torch.transpose,
-    torch.Tensor.swapaxes,
-    torch.swapaxes,
-    torch.Tensor.swapdims,
-    torch.swapdims,
-    torch.Tensor.permute,
-    torch.permute,
-    torch.Tensor.mT.__get__,
-    torch.Tensor.t,
-    torch.t,
-    torch.Tensor.T.__get__,
-)
 
 
 def swap_rule(func: Callable, args: tuple, kwargs: dict):
@@ -511,7 +378,7 @@ def mark_derived(func: Callable, args: tuple, kwargs: dict, result: Any) -> Any:
 
     def mark(r: Any) -> None:
         if isinstance(r, FoldTensor) and tag_of(r) is None and math.prod(global_shape(r)) == numel:
-            fold(r, tag.derived(name))
+            r.foldcp_tag = tag.derived(name)
 
     if isinstance(result, (tuple, list)):
         for r in result:
@@ -609,8 +476,19 @@ def contraction_rule(func: Callable, args: tuple, kwargs: dict):
     return _route_product(func, args, kwargs)
 
 
+register_rules(
+    Rule(KEEP_TAG, KEEP_TAG_FUNCS, keep_tag_rule, "casts/copies of a map or view"),
+    Rule(DERIVE, SWAP_FUNCS, swap_rule, "swapping a map's axes swaps its tag"),
+    Rule(DERIVE, UNSQUEEZE_FUNCS, unsqueeze_rule, "unit dims before a map's axes"),
+    Rule(DERIVE, (torch.sum, torch.Tensor.sum), sum_rule, "map.sum(axis): row-sharded local sums"),
+    Rule(DERIVE, MUL_FUNCS + DIV_FUNCS, scale_rule, "map * / factor: same tag"),
+    Rule(DERIVE, CONTRACTION_FUNCS + (torch.Tensor.__rmatmul__,), contraction_rule,
+         "products with a map: local, or refused"),
+)  # fmt: skip
+register_result_hook(mark_derived)
+
+
 __all__ = [
-    "CONTRACTION_FUNCS",
     "SUPPORTED_FORMS",
     "contraction_rule",
     "keep_tag_rule",
@@ -618,6 +496,5 @@ __all__ = [
     "scale_rule",
     "sum_rule",
     "swap_rule",
-    "tag_maps",
     "unsqueeze_rule",
 ]

@@ -19,7 +19,7 @@ from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.overrides import handle_torch_function, has_torch_function
 
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core.blocks import (
     ShardingLayoutError,
     SumToReplicate,
     describe,
@@ -28,10 +28,9 @@ from physicsnemo_foldcp.ops._blocks import (
     rank_label,
     require_shard_tensor,
 )
-from physicsnemo_foldcp.ops.compat import global_shape, sharding_shapes
-from physicsnemo_foldcp.ops.dispatch import register_own
+from physicsnemo_foldcp.core.compat import global_shape, sharding_shapes
+from physicsnemo_foldcp.core.tensor import register_own, wrap
 from physicsnemo_foldcp.ops.single_pair import pair_from_singles
-from physicsnemo_foldcp.ops.tensor import wrap
 
 DEFAULT_EPS = 1e-6
 """Added to the mask total of :func:`masked_mean`."""

@@ -1,6 +1,6 @@
 """Distributed forwards of whole modules, for modules whose op-by-op run would gather.
 
-Most of a model runs under context parallelism op by op (:mod:`physicsnemo_foldcp.ops.rules`).
+Most of a model runs under context parallelism op by op (:mod:`physicsnemo_foldcp.dispatch.rules`).
 A few modules cannot: run op by op, a triangle multiplication would gather a full pair
 tensor and a triangle attention ``N x N x N`` scores. For those, a *module handler* computes
 the module's forward distributed, with the module's own parameters (so its
@@ -8,7 +8,7 @@ the module's forward distributed, with the module's own parameters (so its
 
 :func:`register_module_handler` wraps the class's ``forward``: a call with a ShardTensor
 among its arguments first makes every ShardTensor argument a
-:class:`~physicsnemo_foldcp.ops.tensor.FoldTensor` (:func:`~physicsnemo_foldcp.ops.adopt`:
+:class:`~physicsnemo_foldcp.core.tensor.FoldTensor` (:func:`~physicsnemo_foldcp.core.tensor.wrap`:
 the same blocks, gradients passed through), then runs ``handler(module, *args, **kwargs)``,
 or the class's own ``forward`` when the handler is :data:`OWN_FORWARD`; every other call
 runs the class's own ``forward`` unchanged. :func:`unregister_module_handler` puts the
@@ -32,9 +32,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.func import functional_call
 
-from physicsnemo_foldcp.ops._blocks import COLUMNS, ROWS, TileParameters
-from physicsnemo_foldcp.ops.blockwise import replace_leaves, tensor_leaves
-from physicsnemo_foldcp.ops.tensor import adopt
+from physicsnemo_foldcp.core.blocks import COLUMNS, ROWS, TileParameters
+from physicsnemo_foldcp.core.leaves import replace_leaves, tensor_leaves
+from physicsnemo_foldcp.core.tensor import wrap
 
 ModuleHandler = Callable[..., Any]
 """``handler(module, *args, **kwargs)``: the module's forward on FoldTensor inputs."""
@@ -51,7 +51,7 @@ def adopted(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     found = {path: t for path, t in tensor_leaves(args, kwargs) if isinstance(t, ShardTensor)}
     if not found:
         return None
-    return replace_leaves(args, kwargs, {path: adopt(t) for path, t in found.items()})
+    return replace_leaves(args, kwargs, {path: wrap(t) for path, t in found.items()})
 
 
 def register_module_handler(cls: type[nn.Module], handler: ModuleHandler | None) -> None:
@@ -107,7 +107,7 @@ def tile_parameters(
     Each rank computes, from its blocks, a part of every parameter's gradient; the
     returned tensors (views of the parameters) sum those parts in backward: ONE all-reduce
     per mesh dim of ``mesh_dims`` of all gradients flattened together
-    (:class:`~physicsnemo_foldcp.ops._blocks.TileParameters`). Without grad, the
+    (:class:`~physicsnemo_foldcp.core.blocks.TileParameters`). Without grad, the
     parameters themselves.
 
     Parameters

@@ -8,7 +8,7 @@ tensor, the same on every rank of the domain (the ranks of a domain draw the sam
 
 Why the generic path fails
 --------------------------
-The generic indexing rule (:func:`physicsnemo_foldcp.ops.families.getitem`) treats an
+The generic indexing rule (:func:`physicsnemo_foldcp.dispatch.families.getitem`) treats an
 integer tensor on a sharded dim as reading along it (and every dim after an advanced index
 as moved): it all-gathers the whole MSA over ``cp0`` and ``cp1``, indexes the full tensor
 on every rank, reports a gather, and returns the result ``(Shard(2), Replicate())``, no
@@ -53,8 +53,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Shard
 
-from physicsnemo_foldcp.ops import compat
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.blocks import (
     COLUMNS,
     ROWS,
     block_starts,
@@ -62,8 +62,8 @@ from physicsnemo_foldcp.ops._blocks import (
     local_of,
     mesh_sizes,
 )
+from physicsnemo_foldcp.core.tensor import DERIVE, FoldTensor, Rule, register_rules, tag_of, wrap
 from physicsnemo_foldcp.ops.row_routes import RouteRows, RowRoute, plan_route, with_length
-from physicsnemo_foldcp.ops.tensor import FoldTensor, tag_of, wrap
 from physicsnemo_foldcp.sharding.plan import msa_row_sizes
 
 # -- routing ---------------------------------------------------------------------------------
@@ -200,6 +200,14 @@ def index_select_rule(func: Callable, args: tuple, kwargs: dict) -> Any:
     if index is None or _row_index(x, (slice(None),) * dim + (index,)) is None:
         return NotImplemented
     return pick_rows(x, dim, index, negative=False)
+
+
+register_rules(
+    Rule(DERIVE, (torch.Tensor.__getitem__,), row_index_rule,
+         "m[:, idx]: MSA rows sent to new blocks"),
+    Rule(DERIVE, (torch.index_select, torch.Tensor.index_select), index_select_rule,
+         "index_select of MSA rows: as m[:, idx]"),
+)  # fmt: skip
 
 
 __all__ = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from physicsnemo_foldcp.ops._blocks import block_starts
+from physicsnemo_foldcp.core.blocks import block_starts
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A pair tile ``(Shard(1), Shard(2))`` on rank ``(i, j)`` needs the rows of row block ``i``
 of one single (local: singles are ``(Shard(1), Replicate())``) and the entries of column
 block ``j`` of another (held by other rows of the mesh). Every handler here therefore moves
-exactly the column operand, through :class:`~physicsnemo_foldcp.ops._blocks.RowsAndColumns`:
+exactly the column operand, through :class:`~physicsnemo_foldcp.core.blocks.RowsAndColumns`:
 
 * forward: ONE ``all_gather_into_tensor`` over ``cp0`` of the column single ``O(N x C)``
   (none when ``cp0 == 1``);
@@ -13,14 +13,14 @@ exactly the column operand, through :class:`~physicsnemo_foldcp.ops._blocks.Rows
 
 Boltz's own expressions work too: ``s[:, :, None]`` / ``s.unsqueeze(2)`` and ``s[:, None, :]``
 / ``s[:, None]`` / ``s.unsqueeze(1)`` of a row-sharded single return broadcast *views*
-(:class:`~physicsnemo_foldcp.ops.tags.ViewTag`; correct ``(Shard, Replicate)`` ShardTensors
+(:class:`~physicsnemo_foldcp.core.tags.ViewTag`; correct ``(Shard, Replicate)`` ShardTensors
 with no communication), and an elementwise op (``+ - * /``, comparisons, logical and bitwise
 ops, ``maximum``, ``minimum``, ``pow``) between a rows view and a columns view returns the
 pair tile through the same machinery, e.g. ``z = f(s)[:, :, None] + g(s)[:, None, :]`` and
 ``m[:, :, None] * m[:, None, :]``. ``torch.cdist(x1, x2)`` of two row-sharded ``[B, L, D]``
 singles returns the tile as well (with the algorithm torch would pick for the full
 matrix). Any other use of a view, or of these callables, is an ordinary op on a FoldTensor
-(:mod:`physicsnemo_foldcp.ops.rules`).
+(:mod:`physicsnemo_foldcp.dispatch.rules`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.overrides import handle_torch_function, has_torch_function
 
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core.blocks import (
     COLUMNS,
     ROWS,
     RowsAndColumns,
@@ -49,10 +49,17 @@ from physicsnemo_foldcp.ops._blocks import (
     row_dim,
     tile_shapes,
 )
-from physicsnemo_foldcp.ops.compat import global_shape, local_tensor, sharding_shapes
-from physicsnemo_foldcp.ops.dispatch import register_own
-from physicsnemo_foldcp.ops.tags import ViewTag
-from physicsnemo_foldcp.ops.tensor import tag_of, view_tag, wrap
+from physicsnemo_foldcp.core.compat import global_shape, local_tensor, sharding_shapes
+from physicsnemo_foldcp.core.tags import ViewTag
+from physicsnemo_foldcp.core.tensor import (
+    DERIVE,
+    Rule,
+    register_own,
+    register_rules,
+    tag_of,
+    view_tag,
+    wrap,
+)
 from physicsnemo_foldcp.sharding.plan import column_block_sizes
 
 RELPOS_KEYS = ("residue_index", "token_index", "asym_id", "entity_id", "sym_id")
@@ -576,6 +583,16 @@ VIEW_PAIR_FUNCS: tuple[Callable, ...] = tuple(
 register_own(outer_sum, _outer_sum_handler)
 register_own(relative_position_encoding, _relpos_handler)
 register_own(pair_distances, _pair_distances_handler)
+
+register_rules(
+    Rule(DERIVE, (torch.Tensor.__getitem__,), getitem_view_rule,
+         "s[:, :, None], s[:, None]: views"),
+    Rule(DERIVE, (torch.unsqueeze, torch.Tensor.unsqueeze), unsqueeze_view_rule,
+         "s.unsqueeze: views"),
+    Rule(DERIVE, VIEW_PAIR_FUNCS, view_pair_rule, "rows (op) columns"),
+    Rule(DERIVE, (torch.cdist,), cdist_rule, "cdist of two singles: pair tile"),
+)  # fmt: skip
+
 
 __all__ = [
     "RELPOS_KEYS",

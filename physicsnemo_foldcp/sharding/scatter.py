@@ -39,11 +39,12 @@ import torch.distributed as dist
 from physicsnemo.distributed.utils import compute_split_shapes
 from physicsnemo.domain_parallel import ShardTensor, scatter_tensor
 
+from physicsnemo_foldcp.core.tensor import wrap
 from physicsnemo_foldcp.distributed.errors import ErrorPayload
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, TOKENS
-from physicsnemo_foldcp.ops.tensor import fold, wrap
+from physicsnemo_foldcp.sharding.map_tags import tag_maps
 from physicsnemo_foldcp.sharding.maps import index_map_to_dense
 from physicsnemo_foldcp.sharding.options import METHODS, ShardingOptions, resolve_options
 from physicsnemo_foldcp.sharding.packing import packed_size, unpack
@@ -285,7 +286,7 @@ def _scatter_tensor_transfer(
         if not mesh.is_domain_source:
             stats.bytes_received += _nbytes(prefix + f.padded_shape, f.dtype)
             stats.messages_received += 1
-        out[f.name] = st.to_local() if spec.mode == PASSTHROUGH else fold(st)
+        out[f.name] = st.to_local() if spec.mode == PASSTHROUGH else wrap(st)
     return out
 
 
@@ -437,10 +438,8 @@ def scatter_features(
     out.update(meta.values)
     out.plan, out.meta, out.registry, out.mesh = meta.plan, meta, registry, mesh
     # Tag the atom<->token maps so Boltz's bmm forms on them run on local blocks; the
-    # source validated the maps, so no further (collective) check is needed here.
-    from physicsnemo_foldcp.ops.maps import tag_maps
-
-    tag_maps(out, check=False)
+    # source validated the maps, so they are tagged checked without another look.
+    tag_maps(out, validated=True)
     stats.seconds = time.perf_counter() - start
     out.stats = stats
     return out

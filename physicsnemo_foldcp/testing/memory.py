@@ -23,7 +23,7 @@ from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from physicsnemo_foldcp.ops import compat
+from physicsnemo_foldcp.core import compat
 
 
 def local_numel(t: torch.Tensor) -> int:

@@ -37,9 +37,10 @@ from physicsnemo.domain_parallel import ShardTensor
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.blocks import all_reduce, local_of
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
-from physicsnemo_foldcp.ops import compat, wrap
-from physicsnemo_foldcp.ops._blocks import all_reduce, local_of
+from physicsnemo_foldcp.ops import wrap
 from physicsnemo_foldcp.training.hooks import module_types
 
 logger = logging.getLogger("physicsnemo_foldcp.training")

@@ -6,7 +6,7 @@ from a crafted checkpoint. (Tensor entries are read with ``weights_only=True``.)
 
 * :func:`read_metadata` unpickles ``.metadata`` with an unpickler that resolves only the
   DCP metadata records, torch dtypes and path classes
-  (:func:`~physicsnemo_foldcp.ops.compat.checkpoint_metadata_globals`) and refuses any
+  (:func:`~physicsnemo_foldcp.core.compat.checkpoint_metadata_globals`) and refuses any
   other global before calling it;
 * :class:`SafeReader` hands DCP that already-read metadata instead of reading it again;
 * :class:`TensorOnlyLoadPlanner` refuses non-tensor entries (the checkpoints of this
@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
-from physicsnemo_foldcp.ops.compat import checkpoint_metadata_globals
+from physicsnemo_foldcp.core.compat import checkpoint_metadata_globals
 
 METADATA_NAME = ".metadata"
 """The DCP metadata file of a checkpoint directory."""

@@ -26,11 +26,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+from physicsnemo_foldcp.core import compat, events
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.rng import sync_rng_over_domain
 from physicsnemo_foldcp.distributed.wrappers import sync_over_domain
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.ops import compat, events
 from physicsnemo_foldcp.sharding.options import ShardingOptions
 from physicsnemo_foldcp.sharding.scatter import scatter_features
 from physicsnemo_foldcp.training.hooks import LossFn, model_loss
@@ -294,7 +294,7 @@ def _fallback_tracing(
 ) -> Iterator[None]:
     """Record every op that fell back to gathering, whichever path reached it.
 
-    The plugin's own dispatch reports its gathers (:mod:`physicsnemo_foldcp.ops.events`);
+    The plugin's own dispatch reports its gathers (:mod:`physicsnemo_foldcp.core.events`);
     PhysicsNeMo's generic DTensor fallbacks (reached by ShardTensors the plugin did not
     make) are wrapped for the length of the call and their collectives counted.
     """

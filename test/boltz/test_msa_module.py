@@ -21,7 +21,7 @@ import copy
 import pytest
 import torch
 
-from physicsnemo_foldcp.ops import events
+from physicsnemo_foldcp.core import events
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.layouts import TokenLayout
 from physicsnemo_foldcp.testing.parity import close, compare_parameter_grads, randomize_parameters

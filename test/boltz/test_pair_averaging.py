@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
-from physicsnemo_foldcp.boltz.triangle_attention import Layout
-from physicsnemo_foldcp.ops import events
+from physicsnemo_foldcp.core import events
+from physicsnemo_foldcp.kernels.triangle_attention import Layout
 from physicsnemo_foldcp.sharding.plan import column_block_sizes
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.collectives import collective_counts

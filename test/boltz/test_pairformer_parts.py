@@ -12,8 +12,8 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
+from physicsnemo_foldcp.core.events import FALLBACK
 from physicsnemo_foldcp.ops import observe
-from physicsnemo_foldcp.ops.events import FALLBACK
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.collectives import collective_counts
 from physicsnemo_foldcp.testing.layouts import TokenLayout

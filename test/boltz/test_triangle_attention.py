@@ -19,9 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import physicsnemo_foldcp.boltz
-from physicsnemo_foldcp.boltz.triangle_attention import Layout, Stream
+from physicsnemo_foldcp.core.blocks import tile_shapes
+from physicsnemo_foldcp.kernels.triangle_attention import Layout, Stream
 from physicsnemo_foldcp.ops import wrap
-from physicsnemo_foldcp.ops._blocks import tile_shapes
 from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.collectives import collective_counts

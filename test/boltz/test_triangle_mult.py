@@ -16,10 +16,10 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import physicsnemo_foldcp.boltz
 from physicsnemo_foldcp.boltz.triangle_mult import handlers
+from physicsnemo_foldcp.core.blocks import tile_shapes
+from physicsnemo_foldcp.core.compat import sharding_shapes
+from physicsnemo_foldcp.kernels.triangle_product import panel_plan
 from physicsnemo_foldcp.ops import ShardingLayoutError, wrap
-from physicsnemo_foldcp.ops._blocks import tile_shapes
-from physicsnemo_foldcp.ops.compat import sharding_shapes
-from physicsnemo_foldcp.ops.triangle import panel_plan
 from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
 from physicsnemo_foldcp.testing import collective_assert, collective_assert_close
 from physicsnemo_foldcp.testing.collectives import collective_counts, count_p2p

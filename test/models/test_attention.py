@@ -8,7 +8,7 @@ from physicsnemo.domain_parallel import ShardTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core.blocks import (
     ShardingLayoutError,
     row_shapes,
     tile_shapes,

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from physicsnemo_foldcp import scatter_features
+from physicsnemo_foldcp.core import compat
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureSpec
-from physicsnemo_foldcp.ops import compat, tag_maps, wrap
+from physicsnemo_foldcp.ops import tag_maps, wrap
 from physicsnemo_foldcp.sharding.plan import local_block, sharding_shapes
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 from physicsnemo_foldcp.testing.collectives import collective_counts, count_p2p

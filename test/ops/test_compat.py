@@ -1,4 +1,4 @@
-"""One test per private upstream name in ``ops/compat.py``: each fails if upstream changes it."""
+"""One test per private upstream name in ``core/compat.py``: each fails if upstream changes it."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.overrides import handle_torch_function, has_torch_function
 
-from physicsnemo_foldcp.ops import compat
+from physicsnemo_foldcp.core import compat
 from physicsnemo_foldcp.testing import collective_assert
 
 distributed = pytest.mark.multigpu_static

@@ -176,7 +176,7 @@ FLAGS = {
 @pytest.mark.parametrize("fold_mesh", GENERIC_MESHES, indirect=True, ids=str)
 def test_any_and_all_over_sharded_dims_reduce_without_gathering(fold_mesh):
     """``any`` / ``all`` over sharded dims: local, then a max / min all-reduce."""
-    from physicsnemo_foldcp.ops import events
+    from physicsnemo_foldcp.core import events
 
     s_serial, z_serial, layout = single_and_pair(fold_mesh, seed=4)
     s, _ = layout.shard(s_serial, ("tokens", None))
@@ -202,7 +202,7 @@ def test_any_and_all_over_sharded_dims_reduce_without_gathering(fold_mesh):
 def test_an_embedding_of_a_pair_tile_of_indices_stays_a_tile(fold_mesh):
     """``nn.Embedding`` of bond types on a pair tile (Boltz-2's ``token_bonds_type``):
     the serial output and table gradient, no gather."""
-    from physicsnemo_foldcp.ops import events
+    from physicsnemo_foldcp.core import events
     from physicsnemo_foldcp.testing.parity import close
 
     _, z_serial, layout = single_and_pair(fold_mesh, seed=5)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
-from physicsnemo_foldcp.ops import events
-from physicsnemo_foldcp.ops._blocks import block_starts, overlap
+from physicsnemo_foldcp.core import events
+from physicsnemo_foldcp.core.blocks import block_starts, overlap
 from physicsnemo_foldcp.sharding.plan import column_block_sizes
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.collectives import collective_counts, count_p2p

@@ -14,8 +14,8 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.placement_types import Shard
 
-from physicsnemo_foldcp.ops import events
-from physicsnemo_foldcp.ops._blocks import block_starts
+from physicsnemo_foldcp.core import events
+from physicsnemo_foldcp.core.blocks import block_starts
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.collectives import collective_counts, count_p2p
 from physicsnemo_foldcp.testing.layouts import TokenLayout

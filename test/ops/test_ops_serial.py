@@ -4,7 +4,9 @@ import pytest
 import torch
 from physicsnemo.domain_parallel import ShardTensor
 
+from physicsnemo_foldcp.core.leaves import replace_leaves, tensor_leaves
 from physicsnemo_foldcp.data.synthetic import make_complex
+from physicsnemo_foldcp.dispatch.rules import CONTRACTION_FUNCS
 from physicsnemo_foldcp.ops import (
     atoms_to_tokens_mean,
     masked_mean,
@@ -16,8 +18,6 @@ from physicsnemo_foldcp.ops import (
     representative_atoms,
     tokens_to_atoms,
 )
-from physicsnemo_foldcp.ops.blockwise import replace_leaves, tensor_leaves
-from physicsnemo_foldcp.ops.maps import CONTRACTION_FUNCS
 from physicsnemo_foldcp.testing.memory import tensors_in_reference_cycles
 
 RELPOS_KEYS = ("residue_index", "token_index", "asym_id", "entity_id", "sym_id")
@@ -148,7 +148,9 @@ def test_masked_mean_is_sum_over_count(feats):
 
 
 def test_only_the_plugins_own_functions_are_registered_with_physicsnemo():
-    from physicsnemo_foldcp.ops.dispatch import OWN
+    from physicsnemo_foldcp.core.tensor import own_functions
+
+    OWN = own_functions()
 
     registry = ShardTensor._function_registry
     for op in (tokens_to_atoms, atoms_to_tokens_mean, representative_atoms, outer_sum, masked_mean):

@@ -89,7 +89,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.distributed.device_mesh import DeviceMesh
 
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core.blocks import (
     COLUMNS,
     ROWS,
     block_starts,

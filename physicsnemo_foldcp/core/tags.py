@@ -2,7 +2,7 @@
 
 Placements and shapes alone cannot tell an atom<->token map from any other
 ``(Shard, Replicate)`` tensor, nor a broadcast view ``s[:, :, None]`` from any unit axis.
-A :class:`~physicsnemo_foldcp.ops.tensor.FoldTensor` may carry one tag in ``foldcp_tag``:
+A :class:`~physicsnemo_foldcp.core.tensor.FoldTensor` may carry one tag in ``foldcp_tag``:
 
 * a :class:`MapTag` on an atom<->token incidence map as scattered (``atom_to_token``,
   ``token_to_rep_atom``, ``token_to_center_atom``, ``r_set_to_rep_atom``; see
@@ -10,7 +10,7 @@ A :class:`~physicsnemo_foldcp.ops.tensor.FoldTensor` may carry one tag in ``fold
 * a :class:`ViewTag` on ``s[:, :, None]`` / ``s[:, None, :]`` of a row-sharded single
   (see :mod:`physicsnemo_foldcp.ops.single_pair`).
 
-Which ops keep, change or drop a tag is written in :mod:`physicsnemo_foldcp.ops.rules`.
+Which ops keep, change or drop a tag is written in :mod:`physicsnemo_foldcp.dispatch.rules`.
 """
 
 from __future__ import annotations

@@ -26,17 +26,17 @@ for every mesh dim ``m`` (``cp0``, ``cp1``):
   all-gathered over ``cp0`` and cut to column block ``j`` over ``cp1``, as is a single
   that meets a tile on its column dim (``d / period`` broadcast over the columns);
 * a transposed pair tile meeting the tile layout (``z + z.transpose(1, 2)``) is moved to
-  it piece by piece (:mod:`physicsnemo_foldcp.ops.mirror`), about one tile per rank.
+  it piece by piece (:mod:`physicsnemo_foldcp.dispatch.mirror`), about one tile per rank.
 
 Every gather made because an op reads along a sharded axis (or has no
 :class:`DimMap` at all, in which case every sharded operand is gathered and the serial op
-runs on full tensors) is reported through :mod:`physicsnemo_foldcp.ops.events`.
+runs on full tensors) is reported through :mod:`physicsnemo_foldcp.core.events`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,8 +46,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-from physicsnemo_foldcp.ops import compat, events
-from physicsnemo_foldcp.ops._blocks import (
+from physicsnemo_foldcp.core import compat, events
+from physicsnemo_foldcp.core.blocks import (
     ShardingLayoutError,
     SumToReplicate,
     all_reduce,
@@ -57,8 +57,9 @@ from physicsnemo_foldcp.ops._blocks import (
     rank_label,
     reduce_scatter_blocks,
 )
-from physicsnemo_foldcp.ops.mirror import mirror_tile
-from physicsnemo_foldcp.ops.tensor import wrap
+from physicsnemo_foldcp.core.leaves import replace_leaves, tensor_leaves
+from physicsnemo_foldcp.core.tensor import wrap
+from physicsnemo_foldcp.dispatch.mirror import mirror_tile
 from physicsnemo_foldcp.sharding.plan import column_block_sizes
 
 OutDim = Callable[[int, int], "int | None"]
@@ -137,51 +138,6 @@ class Operand:
     def is_partial(self, mesh_dim: int) -> bool:
         """Whether the operand is a pending sum over ``mesh_dim``."""
         return self.placements is not None and self.placements[mesh_dim].is_partial()
-
-
-def _walk(obj: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, (list, tuple)):
-        for i, item in enumerate(obj):
-            yield from _walk(item, (*path, i))
-    elif isinstance(obj, Mapping):
-        for key, item in obj.items():
-            yield from _walk(item, (*path, key))
-
-
-def tensor_leaves(args: tuple, kwargs: dict) -> Iterator[tuple[tuple, Any]]:
-    """``(path, tensor)`` of every tensor in ``args`` and ``kwargs``.
-
-    Lists, tuples and mappings (a module's feature dict) are looked into.
-    """
-    for i, a in enumerate(args):
-        yield from _walk(a, ("args", i))
-    for key, value in kwargs.items():
-        yield from _walk(value, ("kwargs", key))
-
-
-def _rebuild(obj: Any, path: tuple, new: dict[tuple, Any]) -> Any:
-    if path in new:
-        return new[path]
-    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Tensor):
-        items = [_rebuild(item, (*path, i), new) for i, item in enumerate(obj)]
-        return type(obj)(items) if isinstance(obj, list) else tuple(items)
-    if isinstance(obj, Mapping) and any(len(p) > len(path) and p[: len(path)] == path for p in new):
-        return {key: _rebuild(item, (*path, key), new) for key, item in obj.items()}
-    return obj
-
-
-def replace_leaves(args: tuple, kwargs: dict, new: dict[tuple, Any]) -> tuple[tuple, dict]:
-    """``(args, kwargs)`` with the tensor at each path of ``new`` replaced.
-
-    A mapping that holds a replaced tensor comes back as a plain ``dict``. The recursion is
-    a module-level function, not a closure: a recursive closure is a reference cycle, and
-    the tensors of ``new`` would then live until the garbage collector runs.
-    """
-    out_args = tuple(_rebuild(a, ("args", i), new) for i, a in enumerate(args))
-    out_kwargs = {k: _rebuild(v, ("kwargs", k), new) for k, v in kwargs.items()}
-    return out_args, out_kwargs
 
 
 def operands(args: tuple, kwargs: dict) -> tuple[list[Operand], DeviceMesh | None]:
@@ -660,8 +616,6 @@ __all__ = [
     "block_sizes",
     "numel_of",
     "operands",
-    "replace_leaves",
     "run",
     "shape_of",
-    "tensor_leaves",
 ]

@@ -1,11 +1,11 @@
 """Op families: how each generic torch function relates its operands' dims to its result's.
 
 Each function here reads one call's arguments and returns the
-:class:`~physicsnemo_foldcp.ops.blockwise.DimMap` that
-:func:`~physicsnemo_foldcp.ops.blockwise.run` needs to compute the call on local blocks
+:class:`~physicsnemo_foldcp.dispatch.blockwise.DimMap` that
+:func:`~physicsnemo_foldcp.dispatch.blockwise.run` needs to compute the call on local blocks
 (or ``NotImplemented`` when the call is not of the family's form, e.g. ``max(x, y)`` is
 elementwise while ``max(x, dim)`` reduces). The table of which function belongs to which
-family is :mod:`physicsnemo_foldcp.ops.rules`.
+family is :mod:`physicsnemo_foldcp.dispatch.rules`.
 
 Shapes are global; ``shapes[k]`` is the shape of the call's ``k``-th tensor (lists of
 tensors flattened, in call order).
@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from physicsnemo_foldcp.ops import blockwise
-from physicsnemo_foldcp.ops.blockwise import DimMap
+from physicsnemo_foldcp.core.leaves import tensor_leaves
+from physicsnemo_foldcp.dispatch import blockwise
+from physicsnemo_foldcp.dispatch.blockwise import DimMap
 
 Handler = Callable[[Callable, tuple, dict], Any]
 
@@ -35,7 +36,7 @@ def _arg(args: tuple, kwargs: dict, position: int, names: Sequence[str], default
 
 
 def _shapes(args: tuple, kwargs: dict) -> list[tuple[int, ...]]:
-    return [blockwise.shape_of(t) for _, t in blockwise.tensor_leaves(args, kwargs)]
+    return [blockwise.shape_of(t) for _, t in tensor_leaves(args, kwargs)]
 
 
 def _name(func: Callable) -> str:

@@ -1,9 +1,9 @@
 """What the plugin's dispatch reports while it runs: gathers that a local rule could not avoid.
 
-When an op on a :class:`~physicsnemo_foldcp.ops.tensor.FoldTensor` cannot be computed on
+When an op on a :class:`~physicsnemo_foldcp.core.tensor.FoldTensor` cannot be computed on
 the local blocks (it reads along a sharded axis, or the plugin has no rule for it), the
 dispatch all-gathers the operands it must and computes the serial result
-(:mod:`physicsnemo_foldcp.ops.blockwise`). Each such gather is reported here as a
+(:mod:`physicsnemo_foldcp.dispatch.blockwise`). Each such gather is reported here as a
 :class:`GatherEvent`, so :func:`~physicsnemo_foldcp.training.validate_model` (or any
 caller of :func:`observe`) can name the op.
 """

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from physicsnemo_foldcp.ops._blocks import block_starts, coordinate, overlap
+from physicsnemo_foldcp.core.blocks import block_starts, coordinate, overlap
 
 
 def _span(a_sizes: Sequence[int], a: int, b_sizes: Sequence[int], b: int) -> tuple[int, int]:

@@ -10,7 +10,7 @@ Every op handler of this package works on the local blocks of ShardTensors over 
   row blocks when ``cp0 == cp1``, otherwise the padded length split into ``cp1`` blocks
   that differ by at most one (:func:`physicsnemo_foldcp.sharding.plan.column_block_sizes`).
 
-Collectives are the functional collectives of :mod:`physicsnemo_foldcp.ops.compat` on a
+Collectives are the functional collectives of :mod:`physicsnemo_foldcp.core.compat` on a
 ``(mesh, mesh_dim)`` group, so ``CommDebugMode`` counts them.
 """
 
@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-from physicsnemo_foldcp.ops import compat
+from physicsnemo_foldcp.core import compat
 
 ROWS = 0
 """Mesh dim of the token row blocks (``cp0``)."""
@@ -339,6 +339,7 @@ class RowsAndColumns(torch.autograd.Function):
         column_row_sizes: tuple[int, ...],
         column_block: tuple[int, int],
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward pass (see the class docstring)."""
         ctx.mesh = mesh
         ctx.column_row_sizes = column_row_sizes
         ctx.column_block = column_block
@@ -348,6 +349,7 @@ class RowsAndColumns(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_rows: torch.Tensor | None, grad_columns: torch.Tensor | None):
+        """The adjoint of :meth:`forward`."""
         mesh = ctx.mesh
         sizes = ctx.column_row_sizes
         need_rows, need_columns = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -385,6 +387,7 @@ class SumToReplicate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, partial: torch.Tensor, mesh: DeviceMesh, mesh_dims: tuple[int, ...]):
+        """The forward pass (see the class docstring)."""
         out = partial
         for mesh_dim in mesh_dims:
             out = all_reduce(out, mesh, mesh_dim)
@@ -392,6 +395,7 @@ class SumToReplicate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        """The adjoint of :meth:`forward`."""
         return grad, None, None
 
 

@@ -1,7 +1,11 @@
 """The rule table: what every torch function does when a FoldTensor is among its operands.
 
-One row per group of functions, in the order the rules are tried (the first rule that
-applies to a call wins; a rule passes when the call is not of its form)::
+The table is the registry of :mod:`physicsnemo_foldcp.core.tensor`. This module registers
+its generic rows (metadata, backward, PhysicsNeMo's path, in-place refusals and the ``local``
+families) and the fallback; the cross-axis op modules of :mod:`physicsnemo_foldcp.ops`
+register the rows of their own tags and views next to their handlers. One row per group of
+functions, in the order the rules are tried (the first rule that applies to a call wins; a
+rule passes when the call is not of its form)::
 
     category   what
     ---------  ----------------------------------------------------------------------
@@ -17,7 +21,7 @@ applies to a call wins; a rule passes when the call is not of its form)::
                layout or tag
     local      elementwise ops, reductions, softmax-like ops, norms, linear, einsum /
                matmul, dim moves, reshapes of trailing dims, indexing, cat, split:
-               computed on local blocks (:mod:`physicsnemo_foldcp.ops.blockwise`),
+               computed on local blocks (:mod:`physicsnemo_foldcp.dispatch.blockwise`),
                gathering only what an op reads along a sharded axis
     (no row)   a handler registered for the function with PhysicsNeMo's
                ``ShardTensor.register_function_handler`` if there is one; otherwise (and
@@ -30,26 +34,27 @@ applies to a call wins; a rule passes when the call is not of its form)::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from physicsnemo.domain_parallel import ShardTensor
 
-from physicsnemo_foldcp.ops import compat, dispatch, families, maps, msa_rows, single_pair
-from physicsnemo_foldcp.ops._blocks import ShardingLayoutError, describe
-from physicsnemo_foldcp.ops.events import op_name
-
-PLAIN = "plain"
-BACKWARD = "backward"
-UPSTREAM = "upstream"
-REFUSE = "refuse"
-KEEP_TAG = "keep tag"
-DERIVE = "derive"
-LOCAL = "local"
-CATEGORIES = (PLAIN, BACKWARD, UPSTREAM, REFUSE, KEEP_TAG, DERIVE, LOCAL)
-"""Rule categories, in the order the table lists them."""
+from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.blocks import ShardingLayoutError, describe
+from physicsnemo_foldcp.core.events import op_name
+from physicsnemo_foldcp.core.tensor import (
+    BACKWARD,
+    LOCAL,
+    PLAIN,
+    REFUSE,
+    UPSTREAM,
+    Rule,
+    register_fallback,
+    register_rules,
+    registered_rules,
+)
+from physicsnemo_foldcp.dispatch import blockwise, families
 
 
 def _funcs(*names: str, on: tuple[Any, ...] = (torch, torch.Tensor)) -> tuple[Callable, ...]:
@@ -119,8 +124,35 @@ SOFTMAX_LIKE = _funcs("softmax", "log_softmax", "cumsum", "cumprod", "logcumsume
 )
 """Functions that keep the shape and read along one ``dim`` (argument 1)."""
 
-SWAPS = maps.SWAP_FUNCS + _funcs("movedim", "moveaxis", "adjoint", "mH", "H")
-PRODUCTS = maps.CONTRACTION_FUNCS + (torch.Tensor.__rmatmul__,)
+SWAP_FUNCS = (
+    torch.Tensor.transpose,
+    torch.transpose,
+    torch.Tensor.swapaxes,
+    torch.swapaxes,
+    torch.Tensor.swapdims,
+    torch.swapdims,
+    torch.Tensor.permute,
+    torch.permute,
+    torch.Tensor.mT.__get__,
+    torch.Tensor.t,
+    torch.t,
+    torch.Tensor.T.__get__,
+)
+"""Functions that swap two dims (a map's tag swaps with them)."""
+CONTRACTION_FUNCS: tuple[Callable, ...] = (
+    torch.bmm,
+    torch.Tensor.bmm,
+    torch.matmul,
+    torch.Tensor.matmul,
+    torch.Tensor.__matmul__,
+    torch.mm,
+    torch.Tensor.mm,
+    torch.einsum,
+)
+"""Callables whose ShardTensor handlers route products with a tagged map."""
+
+SWAPS = SWAP_FUNCS + _funcs("movedim", "moveaxis", "adjoint", "mH", "H")
+PRODUCTS = CONTRACTION_FUNCS + (torch.Tensor.__rmatmul__,)
 MATMULS = tuple(f for f in PRODUCTS if f is not torch.einsum)
 RESHAPES = _funcs("reshape", "view", "flatten", "unflatten", "view_as", "reshape_as")
 EXPANDS = _funcs("expand", "expand_as", "broadcast_to")
@@ -224,67 +256,12 @@ def _refuse_in_place(func: Callable, args: tuple, kwargs: dict) -> Any:
     )
 
 
-def _refuse_out(func: Callable, args: tuple, kwargs: dict) -> Any:
-    raise ShardingLayoutError(
-        f"{op_name(func)}(..., out=...) on sharded features is not supported under context "
-        "parallelism: drop out= and use the result"
-    )
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One row of the table.
-
-    Attributes
-    ----------
-    category : str
-        One of :data:`CATEGORIES`.
-    funcs : tuple of callables
-        The torch functions the row covers.
-    handler : callable or None
-        ``handler(func, args, kwargs)``; returns ``NotImplemented`` when the call is not
-        of its form (then the next rule is tried). ``None`` for ``plain`` and
-        ``upstream``.
-    what : str
-        What the rule does, for :func:`table`.
-    """
-
-    category: str
-    funcs: tuple[Callable, ...]
-    handler: Callable[[Callable, tuple, dict], Any] | None
-    what: str
-
-    def apply(self, func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
-        """Run the rule on one call."""
-        if self.category == PLAIN:
-            return compat.plain_function_call(func, args, kwargs)
-        if self.category == UPSTREAM:
-            return dispatch.upstream(func, types, args, kwargs)
-        out = self.handler(func, args, kwargs)
-        if out is NotImplemented or self.category != LOCAL:
-            return out
-        return maps.mark_derived(func, args, kwargs, out)
-
-
 TABLE: tuple[Rule, ...] = (
     Rule(PLAIN, METADATA, None, "metadata of the wrapper: global shape, dtype, device"),
     Rule(BACKWARD, (torch.Tensor.backward, torch.autograd.backward), _backward,
          "backward from the local blocks, the plugin's dispatch on"),
     Rule(UPSTREAM, AUTOGRAD_IDENTITY, None, "hooks, gradients, pickling: PhysicsNeMo's path"),
     Rule(REFUSE, IN_PLACE, _refuse_in_place, "in-place ops: error naming op and layout"),
-    Rule(KEEP_TAG, maps.KEEP_TAG_FUNCS, maps.keep_tag_rule, "casts/copies of a map or view"),
-    Rule(DERIVE, maps.SWAP_FUNCS, maps.swap_rule, "swapping a map's axes swaps its tag"),
-    Rule(DERIVE, maps.UNSQUEEZE_FUNCS, maps.unsqueeze_rule, "unit dims before a map's axes"),
-    Rule(DERIVE, _funcs("sum"), maps.sum_rule, "map.sum(axis): row-sharded local sums"),
-    Rule(DERIVE, maps.MUL_FUNCS + maps.DIV_FUNCS, maps.scale_rule, "map * / factor: same tag"),
-    Rule(DERIVE, PRODUCTS, maps.contraction_rule, "products with a map: local, or refused"),
-    Rule(DERIVE, GETITEM, single_pair.getitem_view_rule, "s[:, :, None], s[:, None]: views"),
-    Rule(DERIVE, GETITEM, msa_rows.row_index_rule, "m[:, idx]: MSA rows sent to new blocks"),
-    Rule(DERIVE, _funcs("index_select"), msa_rows.index_select_rule,
-         "index_select of MSA rows: as m[:, idx]"),
-    Rule(DERIVE, _funcs("unsqueeze"), single_pair.unsqueeze_view_rule, "s.unsqueeze: views"),
-    Rule(DERIVE, single_pair.VIEW_PAIR_FUNCS, single_pair.view_pair_rule, "rows (op) columns"),
-    Rule(DERIVE, (torch.cdist,), single_pair.cdist_rule, "cdist of two singles: pair tile"),
     Rule(LOCAL, _funcs("to", "type_as", on=(torch.Tensor,)), families.cast_to_tensor,
          "x.to(other), x.type_as(other): a cast"),
     Rule(LOCAL, ELEMENTWISE, families.elementwise, "pointwise with broadcasting"),
@@ -312,32 +289,16 @@ TABLE: tuple[Rule, ...] = (
     Rule(LOCAL, (F.embedding,), families.embedding, "F.embedding: table rows of local indices"),
     Rule(LOCAL, _funcs("repeat_interleave"), families.repeat_interleave, "repeat_interleave"),
 )  # fmt: skip
-"""The rows, in the order rules are tried."""
+"""The generic rows, in the order rules are tried within a category."""
 
-_OUT_RULE = Rule(REFUSE, (), _refuse_out, "out= arguments")
-
-_INDEX: dict[Callable, list[Rule]] = {}
-for _rule in TABLE:
-    for _func in _rule.funcs:
-        _INDEX.setdefault(_func, []).append(_rule)
-
-
-def rules_for(func: Callable, kwargs: dict) -> list[Rule]:
-    """The rules that may handle a call of ``func``, in order."""
-    if kwargs.get("out") is not None:
-        return [_OUT_RULE]
-    return _INDEX.get(func, [])
-
-
-def after_generic(func: Callable, args: tuple, kwargs: dict, result: Any) -> Any:
-    """What happens to the result of a call no rule handled (a derived map is marked)."""
-    return maps.mark_derived(func, args, kwargs, result)
+register_rules(*TABLE)
+register_fallback(lambda func, args, kwargs: blockwise.run(func, args, kwargs, None))
 
 
 def table() -> str:
-    """The rule table as text: category, what, and the functions of every row."""
+    """The whole rule table as text: category, what, and the functions of every row."""
     lines = []
-    for rule in TABLE:
+    for rule in registered_rules():
         names = ", ".join(sorted({op_name(f) for f in rule.funcs}))
         lines.append(f"{rule.category:<9} {rule.what}\n          {names}")
     lines.append(
@@ -347,4 +308,4 @@ def table() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CATEGORIES", "TABLE", "Rule", "after_generic", "rules_for", "table"]
+__all__ = ["CONTRACTION_FUNCS", "SWAP_FUNCS", "TABLE", "table"]

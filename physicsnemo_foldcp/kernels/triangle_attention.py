@@ -1,0 +1,417 @@
+"""Streamed triangle attention on pair tiles: no rank holds a row's N x N scores.
+
+The kernel of :mod:`physicsnemo_foldcp.boltz.triangle_attention` (Boltz's
+``TriangleAttention`` under context parallelism, which states why the op-by-op path
+fails): the query bias strip, the key stream and the online-softmax attention, as
+autograd functions on local blocks.
+
+The algorithm (starting node; rank ``(i, j)``)
+----------------------------------------------
+Rank ``(i, j)`` computes the outputs of its own tile: rows ``r in R_i``, queries
+``q in C_j``. With ``n = |R_i|``, ``m = |C_j|``, ``P = cp0`` (the row mesh dim) and
+``Q = cp1`` (the key mesh dim):
+
+1. ``layer_norm`` and the ``linear`` / ``linear_q, k, v, g`` projections run on the local
+   tile with the module's own parameters (Boltz's own ``forward`` of each submodule through
+   :func:`torch.func.functional_call`). Each rank's parameter gradient is a part of the sum,
+   so one autograd function sums all of them over the mesh in backward.
+2. The queries' bias strip ``bias[q in C_j, k in 0..N, h]`` (:class:`QueryStrip`): the bias
+   rows ``C_j`` are spread over the ranks whose *row* block meets ``C_j``. ONE all-to-all
+   over ``Q`` sends, from rank ``(p, l)``, the rows ``R_p ∩ C_t`` of its bias tile to rank
+   ``(p, t)``, which then holds ``bias[R_p ∩ C_t, all k]``; these pieces are joined over
+   ``P`` into ``bias[C_t, all k]`` on every rank of mesh column ``t``: ONE all-gather of
+   the uneven pieces, or, when padding them to the widest would more than double the strip
+   (square meshes, where one row block holds all of ``C_t``), ONE all-reduce of the pieces
+   placed in a zeroed strip. No assumption on ``cp0 == cp1`` or on equal blocks.
+3. Keys, values and the key mask of rows ``R_i`` live on the ranks of mesh row ``i``
+   (``(i, l)`` holds keys ``C_l``). They are streamed over ``Q`` in ``S`` steps: in step
+   ``s`` every rank contributes columns ``[s w, (s + 1) w)`` of its tile (``w =
+   ceil(max_l |C_l| / cp1)``, pieces padded to ``w``), ONE all-gather over ``Q`` per step,
+   so a rank holds about one key tile at a time, never a full row of key tiles. Every key
+   sub-chunk of width ``kc`` (:data:`SCORE_BUDGET`) gives ``[B, n, H, m, kc]`` logits
+   (``q k^T``, then the mask bias, then the triangle bias, in Boltz's order), merged into
+   an online softmax (running max, running sum, running weighted values).
+4. Backward recomputes the logits the same way (flash-attention style, from the saved
+   running max and sum): the gradients of the streamed keys and values are
+   reduce-scattered back over ``Q`` per step, the bias strip's gradient goes back through
+   the adjoint of step 2 (ONE reduce-scatter, or all-reduce, over ``P``; ONE all-to-all
+   over ``Q``).
+
+The ending node runs the same algorithm on the locally transposed tile with the mesh dims
+swapped (``P = cp1``, ``Q = cp0``): rows are the pair's columns ``C_j``, queries and keys
+its rows, keys streamed over ``cp0``. No tile transpose is communicated.
+
+Collectives per call (starting node; the ending node swaps cp0 and cp1; none along a mesh
+dim of size 1), with ``F = 2 H c + 1`` (keys, values, mask) and ``o_p = |R_p ∩ C_j|``:
+
+* forward: ONE all-to-all over ``cp1`` (sends the ``n x m x H`` bias tile, receives
+  ``o_i x N x H``); over ``cp0``, ONE all-gather (``cp0 max_p o_p x N x H``, the
+  ``m x N x H`` strip when the pieces are even) or ONE all-reduce of the ``m x N x H``
+  strip; ``S <= cp1`` all-gathers over ``cp1`` (each ``cp1 w x n x F``, about
+  ``n x N x F`` in all);
+* backward: ``S`` all-gathers over ``cp1`` again (recompute) and ``S`` reduce-scatters over
+  ``cp1`` of the key/value gradients (``cp1 w x n x 2 H c`` each, about ``n x N x 2 H c``
+  in all); for the bias strip ONE reduce-scatter (or all-reduce) over ``cp0`` of the
+  ``m x N x H`` strip gradient and ONE all-to-all over ``cp1`` (the forward's sizes
+  reversed); ONE all-reduce over ``cp0`` and ONE over ``cp1`` of all parameter gradients
+  together (``|theta|`` elements).
+
+Memory, in units of the local pair tile ``n x m x C`` (``C`` channels): autograd keeps
+tile-sized activations, as the serial module does per row (the normalised tile, ``q``,
+``k``, ``v``, the gate, the attention output and the input of ``linear_o``, ``H c / C``
+tiles each), the bias tile (``H / C``) and the strip (``(N / n) H / C``; at most twice
+that while it is assembled), and two ``n x H x m`` softmax statistics. The peak extra
+while the attention runs is the streamed buffer ``cp1 w x n x F`` (about
+``(2 H c + 1) / C`` tiles of ``w``-padded key columns, i.e. ~2 tiles for Boltz's
+``H c = C``), a few sub-chunk score tensors of ``n x H x m x kc`` elements (at most
+:data:`SCORE_BUDGET` tiles each) and the ``n x H x m x c`` accumulator; in backward also
+the key/value gradient buffer ``cp1 w x n x 2 H c`` and ``dq, dk, dv`` (a tile each). No
+rank ever holds the ``N x N`` scores of a row, or a row of key tiles.
+
+``chunk_size`` (Boltz's eval-mode row chunking) only bounds memory, which the streaming
+already bounds, so it is accepted and not used. ``use_kernels`` / ``use_flash_attn`` are
+not supported under context parallelism yet (ValueError). The mask is not differentiated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.blocks import (
+    all_reduce,
+    block_starts,
+    gather_blocks,
+    overlap,
+    reduce_scatter_blocks,
+)
+
+SCORE_BUDGET = 1.0
+"""Logits of one key sub-chunk hold at most this many local pair tiles' worth of elements.
+
+The key sub-chunk width is ``max(1, floor(SCORE_BUDGET * C / H))`` for ``C`` input channels
+and ``H`` heads: ``[B, n, H, m, kc]`` logits against the ``[B, n, m, C]`` tile. Raise it to
+trade memory for fewer, larger matrix products."""
+
+
+# -- geometry --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The attention's view of the mesh: rows over ``row_dim``, queries and keys over ``key_dim``.
+
+    In this view the local tile is ``[B, n, m, C]``: rows ``r`` of row block ``p`` (of
+    ``row_sizes``), queries (and this rank's keys) of key block ``q`` (of ``key_sizes``).
+    The starting node is the pair tile as it is (``row_dim = cp0``, ``key_dim = cp1``); the
+    ending node is the locally transposed tile (``row_dim = cp1``, ``key_dim = cp0``).
+
+    Attributes
+    ----------
+    mesh : DeviceMesh
+        The 2-D domain mesh.
+    row_dim, key_dim : int
+        Mesh dims of the rows and of the queries / keys.
+    row_sizes, key_sizes : tuple[int, ...]
+        Block lengths along ``row_dim`` and ``key_dim``; both sum to ``N``.
+    p, q : int
+        This rank's coordinates along ``row_dim`` and ``key_dim``.
+    """
+
+    mesh: DeviceMesh
+    row_dim: int
+    key_dim: int
+    row_sizes: tuple[int, ...]
+    key_sizes: tuple[int, ...]
+    p: int
+    q: int
+
+    def strip_pieces(self) -> list[int]:
+        """``|R_a ∩ C_q|`` for every row block ``a``: the query strip's rows per rank."""
+        rows, keys = block_starts(self.row_sizes), block_starts(self.key_sizes)
+        return [
+            overlap(rows[a], self.row_sizes[a], keys[self.q], self.key_sizes[self.q])
+            for a in range(len(self.row_sizes))
+        ]
+
+    def strip_by_sum(self) -> bool:
+        """Whether the strip is assembled over ``row_dim`` by an all-reduce of placed pieces.
+
+        An all-gather pads every piece to the widest: ``cp x widest`` rows move and are held.
+        When that exceeds twice the strip (e.g. a square mesh, where one row block holds the
+        whole strip and the others none), an all-reduce of the pieces placed in a zeroed
+        strip moves about twice the strip and holds exactly one.
+        """
+        pieces = self.strip_pieces()
+        return len(pieces) > 1 and len(pieces) * max(pieces) > 2 * sum(pieces)
+
+    def split_of_rows(self) -> list[int]:
+        """``|R_p ∩ C_t|`` for every key block ``t``: this rank's bias rows per destination."""
+        rows, keys = block_starts(self.row_sizes), block_starts(self.key_sizes)
+        return [
+            overlap(rows[self.p], self.row_sizes[self.p], keys[t], self.key_sizes[t])
+            for t in range(len(self.key_sizes))
+        ]
+
+
+# -- parameters ------------------------------------------------------------------------------
+
+
+# -- the bias strip --------------------------------------------------------------------------
+
+
+class QueryStrip(torch.autograd.Function):
+    """From the bias tile to the bias rows of this rank's queries, all keys.
+
+    Input ``[B, n, m, H]``: the bias of rows ``R_p`` and columns ``C_q`` (the layout's
+    blocks). Output ``[B, H, m, N]``: the bias of rows ``C_q`` (this rank's queries) and
+    every column, identical on the ranks along ``row_dim``.
+
+    Forward: ONE all-to-all over ``key_dim`` (rank ``(p, l)`` sends rows ``R_p ∩ C_t`` to
+    ``(p, t)``), then the pieces ``R_a ∩ C_q`` joined over ``row_dim``: ONE all-gather
+    (pieces padded to the widest), or ONE all-reduce of the pieces placed in a zeroed strip
+    when padding would more than double it (:meth:`Layout.strip_by_sum`). Backward: the
+    adjoint, ONE reduce-scatter (or all-reduce) over ``row_dim`` and ONE all-to-all over
+    ``key_dim``.
+    """
+
+    @staticmethod
+    def forward(ctx, tile: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """``[B, n, m, H]`` bias tile -> ``[B, H, m, N]`` strip of this rank's queries."""
+        ctx.layout = layout
+        b, n, m, h = tile.shape
+        ctx.tile_shape = (b, n, m, h)
+        rows_first = tile.permute(1, 0, 2, 3)  # [n, B, m, H]
+        own = layout.split_of_rows()[layout.q]
+        ks = layout.key_sizes
+        if len(ks) > 1:
+            send = [rows * b * m * h for rows in layout.split_of_rows()]
+            receive = [own * b * width * h for width in ks]
+            got = compat.all_to_all(
+                rows_first.reshape(-1), receive, send, layout.mesh, layout.key_dim
+            )
+            pieces = got.split(receive)
+            strip_rows = torch.cat(
+                [piece.view(own, b, width, h) for piece, width in zip(pieces, ks)], dim=2
+            )
+        else:
+            strip_rows = rows_first
+        pieces = layout.strip_pieces()
+        if layout.strip_by_sum():
+            strip = strip_rows.new_zeros((m,) + tuple(strip_rows.shape[1:]))
+            strip.narrow(0, sum(pieces[: layout.p]), own).copy_(strip_rows)
+            strip = all_reduce(strip, layout.mesh, layout.row_dim)
+        else:
+            strip = gather_blocks(strip_rows, 0, pieces, layout.mesh, layout.row_dim)
+        return strip.permute(1, 3, 0, 2).contiguous()  # [B, H, m, N]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        """The strip's gradient summed over ``row_dim`` and sent back to the bias tiles."""
+        layout: Layout = ctx.layout
+        b, n, m, h = ctx.tile_shape
+        ks = layout.key_sizes
+        rows = grad.permute(2, 0, 3, 1)  # [m, B, N, H]
+        pieces = layout.strip_pieces()
+        if layout.strip_by_sum():
+            total = all_reduce(rows.contiguous(), layout.mesh, layout.row_dim)
+            mine = total.narrow(0, sum(pieces[: layout.p]), pieces[layout.p])
+        else:
+            mine = reduce_scatter_blocks(rows, 0, pieces, layout.mesh, layout.row_dim)
+        # mine: [o, B, N, H], the rows R_p ∩ C_q of the strip's gradient
+        if len(ks) > 1:
+            own = mine.shape[0]
+            send = [own * b * width * h for width in ks]
+            receive = [r * b * m * h for r in layout.split_of_rows()]
+            flat = torch.cat([piece.reshape(-1) for piece in mine.split(list(ks), dim=2)])
+            got = compat.all_to_all(flat, receive, send, layout.mesh, layout.key_dim)
+            rows_first = got.view(n, b, m, h)
+        else:
+            rows_first = mine
+        return rows_first.permute(1, 0, 2, 3).contiguous(), None
+
+
+# -- streamed attention ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    """How keys are streamed over ``layout.key_dim``.
+
+    Attributes
+    ----------
+    layout : Layout
+        Rows, queries and keys on the mesh.
+    width : int
+        Key columns each rank contributes per step (``w``).
+    steps : int
+        Number of steps (one all-gather each).
+    key_chunk : int
+        Keys per logits sub-chunk (``kc``).
+    inf : float
+        Boltz's mask penalty (``module.inf``).
+    """
+
+    layout: Layout
+    width: int
+    steps: int
+    key_chunk: int
+    inf: float
+
+    @classmethod
+    def of(cls, layout: Layout, key_chunk: int, inf: float) -> Stream:
+        """``w = ceil(widest key block / ranks)``: about one key tile gathered per step."""
+        widest = max(layout.key_sizes)
+        width = max(1, -(-widest // len(layout.key_sizes)))
+        return cls(layout, width, -(-widest // width), max(1, int(key_chunk)), float(inf))
+
+    def lengths(self, step: int) -> list[int]:
+        """Key columns each rank contributes in ``step``."""
+        at = step * self.width
+        return [max(0, min(self.width, size - at)) for size in self.layout.key_sizes]
+
+    def local_span(self, step: int, size: int) -> tuple[int, int]:
+        """``(start, length)`` of this rank's key columns in ``step`` (``size`` local keys)."""
+        return min(step * self.width, size), self.lengths(step)[self.layout.q]
+
+    def gather(
+        self, step: int, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """``[B, n, cp w, 2 H c + 1]``: every rank's keys, values and mask of ``step``.
+
+        ONE all-gather over ``key_dim`` (none when it has one rank).
+        """
+        at, length = self.local_span(step, k.shape[2])
+        piece = torch.cat(
+            [
+                k.narrow(2, at, length),
+                v.narrow(2, at, length),
+                mask.narrow(2, at, length).unsqueeze(-1),
+            ],
+            dim=-1,
+        )
+        if len(self.layout.key_sizes) == 1:
+            return piece
+        if length < self.width:
+            pad = list(piece.shape)
+            pad[2] = self.width - length
+            piece = torch.cat([piece, piece.new_zeros(pad)], dim=2)
+        return compat.all_gather(piece, 2, self.layout.mesh, self.layout.key_dim)
+
+    def chunks(self, step: int) -> Iterator[tuple[int, int, int]]:
+        """``(offset in the gathered buffer, global key index, width)`` of each sub-chunk."""
+        starts = block_starts(self.layout.key_sizes)
+        for rank, length in enumerate(self.lengths(step)):
+            for a in range(0, length, self.key_chunk):
+                width = min(self.key_chunk, length - a)
+                yield rank * self.width + a, starts[rank] + step * self.width + a, width
+
+
+def _split_keys(
+    sub: torch.Tensor, heads: int, hidden: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split ``[B, n, kc, F]`` keys: ``k^T [B, n, H, c, kc]``, ``v [B, n, H, kc, c]``, mask."""
+    b, n, kc, _ = sub.shape
+    hc = heads * hidden
+    k_t = sub[..., :hc].reshape(b, n, kc, heads, hidden).permute(0, 1, 3, 4, 2)
+    v = sub[..., hc : 2 * hc].reshape(b, n, kc, heads, hidden).permute(0, 1, 3, 2, 4)
+    return k_t, v, sub[..., 2 * hc]
+
+
+def _logits(
+    q: torch.Tensor,
+    k_t: torch.Tensor,
+    key_mask: torch.Tensor,
+    strip: torch.Tensor,
+    key: int,
+    width: int,
+    inf: float,
+) -> torch.Tensor:
+    """``[B, n, H, m, kc]`` logits: ``q k^T`` + mask bias + triangle bias, in Boltz's order."""
+    logits = torch.matmul(q, k_t)
+    logits += (inf * (key_mask - 1))[:, :, None, None, :]
+    logits += strip.narrow(-1, key, width).unsqueeze(1)
+    return logits
+
+
+class StreamedAttention(torch.autograd.Function):
+    """Softmax attention over keys streamed along a mesh dim, with an online softmax.
+
+    Inputs (local blocks of the layout's tile ``[B, n, m, ...]``): ``q [B, n, H, m, c]``
+    (scaled by ``1 / sqrt(c)``), ``k, v [B, n, m, H c]``, ``mask [B, n, m]`` (the keys'),
+    ``strip [B, H, m, N]`` (the triangle bias of this rank's queries). Output
+    ``[B, n, H, m, c]``. Communication: see the module docstring.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, strip, stream: Stream):
+        """The streaming loop; saves the running max and sum for the backward."""
+        b, n, heads, m, hidden = q.shape
+        acc_dtype = torch.promote_types(q.dtype, torch.float32)
+        running_max = q.new_full((b, n, heads, m), -torch.inf, dtype=acc_dtype)
+        running_sum = q.new_zeros((b, n, heads, m), dtype=acc_dtype)
+        acc = q.new_zeros((b, n, heads, m, hidden), dtype=acc_dtype)
+        for step in range(stream.steps):
+            gathered = stream.gather(step, k, v, mask)
+            for at, key, width in stream.chunks(step):
+                k_t, v_sub, key_mask = _split_keys(gathered.narrow(2, at, width), heads, hidden)
+                logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
+                new_max = torch.maximum(running_max, logits.amax(-1))
+                rescale = torch.exp(running_max - new_max)
+                p = logits.sub_(new_max.unsqueeze(-1).to(logits.dtype)).exp_()
+                running_sum = running_sum * rescale + p.sum(-1)
+                acc = acc * rescale.unsqueeze(-1) + torch.matmul(p, v_sub)
+                running_max = new_max
+            del gathered
+        out = (acc / running_sum.unsqueeze(-1)).to(q.dtype)
+        ctx.stream = stream
+        ctx.save_for_backward(q, k, v, mask, strip, out, running_max, running_sum)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        """Streams the keys again and recomputes the softmax from the saved max and sum."""
+        q, k, v, mask, strip, out, running_max, running_sum = ctx.saved_tensors
+        stream: Stream = ctx.stream
+        layout = stream.layout
+        b, n, heads, m, hidden = q.shape
+        hc = heads * hidden
+        grad_out = grad_out.contiguous()
+        delta = (grad_out * out).sum(-1, keepdim=True)  # [B, n, H, m, 1]
+        grad_q = torch.zeros_like(q)
+        grad_k = torch.zeros_like(k)
+        grad_v = torch.zeros_like(v)
+        grad_strip = torch.zeros_like(strip)
+        mx = running_max.unsqueeze(-1)
+        total = running_sum.unsqueeze(-1)
+        for step in range(stream.steps):
+            gathered = stream.gather(step, k, v, mask)
+            grad_kv = gathered.new_zeros(gathered.shape[:-1] + (2 * hc,))
+            for at, key, width in stream.chunks(step):
+                k_t, v_sub, key_mask = _split_keys(gathered.narrow(2, at, width), heads, hidden)
+                logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
+                p = logits.sub_(mx.to(logits.dtype)).exp_().div_(total.to(logits.dtype))
+                grad_v_sub = torch.matmul(p.transpose(-1, -2), grad_out)  # [B, n, H, kc, c]
+                grad_s = torch.matmul(grad_out, v_sub.transpose(-1, -2))  # [B, n, H, m, kc]
+                grad_s.sub_(delta).mul_(p)
+                del p
+                grad_q += torch.matmul(grad_s, k_t.transpose(-1, -2))
+                grad_k_sub = torch.matmul(grad_s.transpose(-1, -2), q)  # [B, n, H, kc, c]
+                grad_strip.narrow(-1, key, width).add_(grad_s.sum(1))
+                place = grad_kv.narrow(2, at, width)
+                place[..., :hc] = grad_k_sub.permute(0, 1, 3, 2, 4).reshape(b, n, width, hc)
+                place[..., hc:] = grad_v_sub.permute(0, 1, 3, 2, 4).reshape(b, n, width, hc)
+            del gathered
+            if len(layout.key_sizes) > 1:
+                grad_kv = compat.reduce_scatter(grad_kv, 2, layout.mesh, layout.key_dim)
+            at, length = stream.local_span(step, k.shape[2])
+            grad_k.narrow(2, at, length).add_(grad_kv[:, :, :length, :hc])
+            grad_v.narrow(2, at, length).add_(grad_kv[:, :, :length, hc:])
+        return grad_q, grad_k, grad_v, None, grad_strip, None
+
+
+# -- the handler -----------------------------------------------------------------------------
