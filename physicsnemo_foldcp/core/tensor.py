@@ -147,7 +147,7 @@ def wrap(
         if mesh is None or placements is None or shapes is None:
             raise ValueError("wrap: a local block needs its mesh, placements and shapes")
         out = ShardTensor.from_local(x, mesh, tuple(placements), sharding_shapes=shapes)
-        retype(out)
+        _retype(out)
     if tag is not None:
         out.foldcp_tag = tag
     return out
@@ -164,7 +164,7 @@ def _over_same_block(x: ShardTensor) -> FoldTensor:
     return wrap(local, x.device_mesh, x.placements, {m: list(s) for m, s in shapes.items()})
 
 
-def retype(x: ShardTensor) -> FoldTensor:
+def _retype(x: ShardTensor) -> FoldTensor:
     """Make ``x``, a ShardTensor the plugin just created and nobody else holds, a FoldTensor.
 
     In place (its class changes, its tag stays); for results of PhysicsNeMo's own calls.
@@ -327,7 +327,7 @@ def upstream(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
 
     def made_here(r: Any) -> Any:
         if isinstance(r, ShardTensor) and not isinstance(r, FoldTensor) and id(r) not in inputs:
-            retype(r)
+            _retype(r)
         return r
 
     if isinstance(result, (tuple, list)):
@@ -393,7 +393,6 @@ __all__ = [
     "register_result_hook",
     "register_rules",
     "registered_rules",
-    "retype",
     "rules_for",
     "tag_of",
     "upstream",
