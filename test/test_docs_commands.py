@@ -383,7 +383,7 @@ class Checker:
 
     def check_pytest(self, args: Sequence[str]) -> list[str]:
         if self.pytest_parser is None:
-            return []
+            return ["pytest: its argument parser is not at hand, so the flags cannot be checked"]
         try:
             ns, unknown = self.pytest_parser.parse_known_and_unknown_args(list(args))
         except Exception as error:  # noqa: BLE001
