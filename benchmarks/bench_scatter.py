@@ -127,7 +127,8 @@ def dtensor_layout(features: Mapping[str, torch.Tensor], cp0: int) -> dict[str, 
     Returns
     -------
     dict
-        ``token_bounds``, ``token_multiple``, ``atom_multiple`` for ``scatter_features``.
+        ``token_bounds`` and ``options`` (the ``token_multiple`` and ``atom_multiple``)
+        for ``scatter_features``.
     """
     a2t = features["atom_to_token"]
     n, n_atoms = int(a2t.shape[1]), int(a2t.shape[0])
@@ -138,7 +139,8 @@ def dtensor_layout(features: Mapping[str, torch.Tensor], cp0: int) -> dict[str, 
     starts = [0] + torch.cumsum(per_token, 0).tolist()
     atom_bounds = [int(starts[b]) for b in bounds[:-1]] + [n_atoms]
     largest = max(atom_bounds[i + 1] - atom_bounds[i] for i in range(cp0))
-    return {"token_bounds": bounds, "token_multiple": block, "atom_multiple": max(largest, 1)}
+    options = fc.ShardingOptions(token_multiple=block, atom_multiple=max(largest, 1))
+    return {"token_bounds": bounds, "options": options}
 
 
 def dtensor_padding(
@@ -156,7 +158,7 @@ def dtensor_padding(
     """
     layout = dtensor_layout(features, cp0)
     n = int(features["atom_to_token"].shape[1])
-    lengths = {TOKENS: cp0 * -(-n // cp0), ATOMS: cp0 * layout["atom_multiple"]}
+    lengths = {TOKENS: cp0 * -(-n // cp0), ATOMS: cp0 * layout["options"].atom_multiple}
     padded = real = 0
     for name, value in features.items():
         axes = registry[name].axes
@@ -197,7 +199,7 @@ def _scatter_kwargs(
         raise ValueError(f"{method!r} is not one of the scatter_features methods")
     kwargs: dict[str, Any] = {}
     if method == "foldcp-index":
-        kwargs["map_layout"] = "index"
+        kwargs["options"] = fc.ShardingOptions(map_layout="index")
     elif method == "foldcp-balanced" and mesh.is_domain_source:
         kwargs["token_bounds"] = balanced_token_bounds(
             atoms_per_token(sample), mesh.cp[0], cp1=mesh.cp[1]

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from physicsnemo_foldcp import gather_features, scatter_features
+from physicsnemo_foldcp import BalanceOptions, ShardingOptions, gather_features, scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.sharding.balance import (
     atoms_per_token,
@@ -158,14 +158,17 @@ def test_invalid_inputs_raise_clear_errors():
         balanced_token_bounds(good, 2, pair_weight=-1)
     with pytest.raises(ValueError, match="3 non-decreasing boundaries from 0 to N=3"):
         plan_cost((0, 2, 1), good, (2, 2))
-    with pytest.raises(ValueError, match="balance must be one of"):
-        plan_token_bounds({"atom_to_token": torch.eye(3, dtype=torch.long)}, (2, 2), balance="x")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'balance'"):
+        plan_token_bounds(  # type: ignore[call-arg]
+            {"atom_to_token": torch.eye(3, dtype=torch.long)}, (2, 2), balance="balanced"
+        )
 
 
 def test_plan_token_bounds_is_the_config_hook():
     x = make_complex(60, seed=2, composition=RNA_LIGAND)
     assert plan_token_bounds(x, (3, 3)) is None  # the default stays the even split
-    got = plan_token_bounds(x, (3, 2), balance="balanced", pair_weight=1.0, atom_weight=4.0)
+    balanced = BalanceOptions(mode="balanced", pair_weight=1.0, atom_weight=4.0)
+    got = plan_token_bounds(x, (3, 2), options=ShardingOptions(balance=balanced))
     assert got == balanced_token_bounds(
         x["atom_to_token"].sum(0), 3, cp1=2, pair_weight=1.0, atom_weight=4.0
     )

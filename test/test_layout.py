@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from physicsnemo_foldcp import ShardingOptions
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureRegistry, UnknownFeatureError
 from physicsnemo_foldcp.sharding.maps import dense_map_to_index, index_map_to_dense
@@ -20,15 +21,15 @@ def sample():
     return make_complex(23, seed=5, preset="boltz2", msa_rows=5, n_conformers=2)
 
 
-def prepare(x, cp=(2, 2), **kw):
-    return prepare_sample(x, REG["boltz2"], cp, **kw)
+def prepare(x, cp=(2, 2), options=None):
+    return prepare_sample(x, REG["boltz2"], cp, options=options)
 
 
 @pytest.mark.parametrize("preset", ["boltz1", "boltz2"])
 @pytest.mark.parametrize("kw", [{}, {"max_tokens": 40, "atom_multiple": 32}])
 def test_synthetic_samples_validate(preset, kw):
     x = make_complex(31, seed=1, preset=preset, **kw)
-    prepared = prepare_sample(x, REG[preset], (3, 2), atom_multiple=8)
+    prepared = prepare_sample(x, REG[preset], (3, 2), options=ShardingOptions(atom_multiple=8))
     assert {m.name for m in prepared.metas} == set(x)
 
 
@@ -45,7 +46,7 @@ def test_token_axes_that_disagree(sample):
     ):
         prepare(x)
     # With align_lengths the short axis is padded to the longest.
-    prepared = prepare(x, align_lengths=True)
+    prepared = prepare(x, options=ShardingOptions(align_lengths=True))
     assert prepared.padded["res_type"].shape[0] == 23
 
 
@@ -146,7 +147,7 @@ def test_non_tensor_values_pass_through(sample):
 
 
 def test_index_values_are_remapped_into_the_padded_atom_layout(sample):
-    prepared = prepare(sample, atom_multiple=32)
+    prepared = prepare(sample, options=ShardingOptions(atom_multiple=32))
     plan = prepared.plan
     # The padded frame atoms point at the same reference positions as the serial ones.
     padded_pos = prepared.padded["ref_pos"]
@@ -170,7 +171,7 @@ def test_dense_and_index_map_layouts_round_trip(sample):
 @pytest.mark.parametrize("kw", [{}, {"token_multiple": 4, "atom_multiple": 32}])
 def test_packed_buffers_hold_the_blocks_of_the_padded_layout(kw):
     x = make_complex(160, seed=2, preset="boltz2", msa_rows=8)
-    prepared = prepare(x, (2, 2), **kw)
+    prepared = prepare(x, (2, 2), ShardingOptions(**kw))
     names = [f.name for f in prepared.metas]
     for coord in [(0, 0), (0, 1), (1, 0), (1, 1)]:
         blocks = [

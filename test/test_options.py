@@ -1,4 +1,4 @@
-"""ShardingOptions: one frozen object, one default per option, checked values, old aliases."""
+"""ShardingOptions: one frozen object, one default per option, checked values, one way in."""
 
 import dataclasses
 import math
@@ -12,7 +12,7 @@ from physicsnemo_foldcp.sharding.options import (
     METHODS,
     BalanceOptions,
     ShardingOptions,
-    resolve_options,
+    options_or_defaults,
 )
 
 
@@ -83,43 +83,54 @@ def test_the_choices_are_declared_once():
     assert balance.BALANCE_MODES is BALANCE_MODES
 
 
-def test_old_keyword_arguments_are_aliases_of_the_fields():
-    assert resolve_options(None) == ShardingOptions()
-    got = resolve_options(
-        None,
-        {"token_multiple": 2, "map_layout": "index", "balance": "balanced", "pair_weight": 0.25},
-    )
-    assert got == ShardingOptions(
-        token_multiple=2,
-        map_layout="index",
-        balance=BalanceOptions(mode="balanced", pair_weight=0.25),
-    )
-    whole = resolve_options(None, {"balance": {"mode": "balanced", "atom_weight": 2.0}})
-    assert whole.balance == BalanceOptions(mode="balanced", atom_weight=2.0)
-    assert resolve_options({"method": "scatter_tensor"}).method == "scatter_tensor"
+def test_options_are_a_sharding_options_or_none():
+    assert options_or_defaults(None, "f") == ShardingOptions()
+    given = ShardingOptions(atom_multiple=32)
+    assert options_or_defaults(given, "f") is given
+    with pytest.raises(TypeError, match="scatter_features: options must be ShardingOptions"):
+        options_or_defaults({"method": "scatter_tensor"}, "scatter_features")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="plan_report: options must be ShardingOptions"):
+        options_or_defaults("p2p", "plan_report")  # type: ignore[arg-type]
 
 
-def test_an_alias_may_repeat_but_not_contradict_the_options():
-    options = ShardingOptions(atom_multiple=32, balance=BalanceOptions(mode="balanced"))
-    assert resolve_options(options, {"atom_multiple": 32, "balance": "balanced"}) is not None
-    with pytest.raises(
-        ValueError,
-        match=r"scatter_features: atom_multiple=8 contradicts options.atom_multiple=32",
-    ):
-        resolve_options(options, {"atom_multiple": 8})
-    with pytest.raises(ValueError, match=r"balance='even' contradicts options.balance.mode"):
-        resolve_options(options, {"balance": "even"}, caller="ShardedLoader")
+def _entry_points():
+    """Every public function or class that takes ``options=``, called with its other arguments."""
+    from physicsnemo_foldcp import FoldCPDataModule, ShardedLoader, scatter_features
+    from physicsnemo_foldcp.sharding.plan_report import plan_report
+    from physicsnemo_foldcp.sharding.prepare import prepare_sample
+    from physicsnemo_foldcp.training.validate import validate_model
+
+    return {
+        "scatter_features": lambda **kw: scatter_features(None, None, **kw),
+        "prepare_sample": lambda **kw: prepare_sample({}, None, (1, 1), **kw),
+        "plan_report": lambda **kw: plan_report({}, (1, 1), **kw),
+        "plan_token_bounds": lambda **kw: balance.plan_token_bounds({}, (1, 1), **kw),
+        "ShardedLoader": lambda **kw: ShardedLoader([], None, **kw),
+        "FoldCPDataModule": lambda **kw: FoldCPDataModule([], None, None, None, **kw),
+        "validate_model": lambda **kw: validate_model(None, {}, None, **kw),
+    }
 
 
-def test_unknown_keywords_and_bad_aliases_are_errors():
-    with pytest.raises(TypeError, match=r"got unexpected keyword argument\(s\) \['windows'\]"):
-        resolve_options(None, {"windows": 32})
-    with pytest.raises(ValueError, match="balance must be one of"):
-        resolve_options(None, {"balance": "uniform"})
-    with pytest.raises(ValueError, match="token_multiple must be an integer >= 1"):
-        resolve_options(None, {"token_multiple": 0})
-    with pytest.raises(TypeError, match="options must be ShardingOptions"):
-        resolve_options("p2p")  # type: ignore[arg-type]
+OLD_KEYWORDS = {
+    "token_multiple": 4,
+    "atom_multiple": 32,
+    "align_lengths": True,
+    "map_layout": "index",
+    "method": "scatter_tensor",
+    "balance": "balanced",
+    "pair_weight": 0.5,
+    "atom_weight": 2.0,
+    "scatter_options": {"map_layout": "index"},
+}
+"""The ways the options were given before ``options=`` was the only one."""
+
+
+@pytest.mark.parametrize("entry", sorted(_entry_points()))
+@pytest.mark.parametrize("keyword", sorted(OLD_KEYWORDS))
+def test_an_old_keyword_is_refused_by_every_entry_point(entry, keyword):
+    call = _entry_points()[entry]
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'"):
+        call(**{keyword: OLD_KEYWORDS[keyword]})
 
 
 def test_the_cli_defaults_are_the_options_defaults():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from physicsnemo_foldcp import ShardingOptions
 from physicsnemo_foldcp.cli.plan_report import main
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureRegistry
@@ -187,7 +188,7 @@ def test_feature_files_give_the_same_report(capsys, tmp_path, suffix):
 def test_index_map_layout_shrinks_the_atom_group():
     x = make_complex(30, seed=1, msa_rows=2)
     dense = plan_report(x, (2, 2))
-    index = plan_report(x, (2, 2), map_layout="index")
+    index = plan_report(x, (2, 2), options=ShardingOptions(map_layout="index"))
     n, a = 30, x["atom_to_token"].shape[0]
     rset_token = x["atom_to_token"].argmax(1)[x["r_set_to_rep_atom"].argmax(1)]
     for d, c in zip(dense.ranks, index.ranks):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from physicsnemo_foldcp import scatter_features
+from physicsnemo_foldcp import ShardingOptions, scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.sharding.report import audit_features, sharding_report
 from physicsnemo_foldcp.testing import collective_assert
@@ -16,8 +16,10 @@ pytestmark = pytest.mark.multigpu_static
 @pytest.mark.parametrize("padded", [False, True])
 def test_report_describes_what_each_rank_holds(fold_mesh, padded):
     x = make_complex(29, seed=8, preset="boltz2", msa_rows=7)
-    options = dict(token_multiple=8, atom_multiple=32) if padded else {}
-    sharded = scatter_features(x if fold_mesh.is_domain_source else None, fold_mesh, **options)
+    options = ShardingOptions(token_multiple=8, atom_multiple=32) if padded else None
+    sharded = scatter_features(
+        x if fold_mesh.is_domain_source else None, fold_mesh, options=options
+    )
     report = sharding_report(sharded)
     problems = []
     if len(report.ranks) != fold_mesh.domain_size:
@@ -61,9 +63,7 @@ def test_audit_is_clean_and_catches_an_unmasked_pad(fold_mesh, map_layout):
     sharded = scatter_features(
         x if fold_mesh.is_domain_source else None,
         fold_mesh,
-        token_multiple=8,
-        atom_multiple=32,
-        map_layout=map_layout,
+        options=ShardingOptions(token_multiple=8, atom_multiple=32, map_layout=map_layout),
     )
     findings = audit_features(sharded)
     collective_assert(findings == [], f"clean sample: {findings}")

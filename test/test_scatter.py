@@ -121,7 +121,7 @@ def test_round_trip_is_exact_for_every_feature(fold_mesh, preset, padding):
         x if fold_mesh.is_domain_source else None,
         fold_mesh,
         registry=FeatureRegistry.preset(preset),
-        **padding,
+        options=ShardingOptions(**padding),
     )
     problems = problems_of_round_trip(x, sharded, fold_mesh, padding)
     collective_assert(not problems, "; ".join(problems[:6]))
@@ -131,7 +131,9 @@ def test_round_trip_is_exact_for_every_feature(fold_mesh, preset, padding):
 @pytest.mark.parametrize("padding", PADDINGS, ids=["no-pad", "pad-4-32"])
 def test_masks_lengths_and_atom_ownership(fold_mesh, padding):
     x = sample("boltz2", seed=7)
-    sharded = scatter_features(x if fold_mesh.is_domain_source else None, fold_mesh, **padding)
+    sharded = scatter_features(
+        x if fold_mesh.is_domain_source else None, fold_mesh, options=ShardingOptions(**padding)
+    )
     layout = reference_layout(x, fold_mesh.cp[0], **padding)
     (tok_pos, n_pad), (atom_pos, a_pad) = layout["tokens"], layout["atoms"]
     problems = []
@@ -236,7 +238,7 @@ def test_six_tokens_on_four_ranks(fold_mesh):
             scatter_features(
                 token_only if fold_mesh.is_domain_source else None,
                 fold_mesh,
-                method="scatter_tensor",
+                options=ShardingOptions(method="scatter_tensor"),
             )
 
 
@@ -250,7 +252,9 @@ def test_scatter_tensor_path_where_its_chunking_agrees(fold_mesh):
     x = sample("boltz2", seed=3, n_tokens=36)
     token_only = {k: x[k] for k in ("res_type", "token_bonds", "disto_target", "token_pad_mask")}
     baseline = scatter_features(
-        token_only if fold_mesh.is_domain_source else None, fold_mesh, method="scatter_tensor"
+        token_only if fold_mesh.is_domain_source else None,
+        fold_mesh,
+        options=ShardingOptions(method="scatter_tensor"),
     )
     ours = scatter_features(token_only if fold_mesh.is_domain_source else None, fold_mesh)
     problems = [
@@ -270,7 +274,9 @@ def test_scatter_tensor_path_where_its_chunking_agrees(fold_mesh):
         collective_assert(True)
     with pytest.raises(ValueError, match=r"cannot place feature '\w+': its atoms axis"):
         scatter_features(
-            x if fold_mesh.is_domain_source else None, fold_mesh, method="scatter_tensor"
+            x if fold_mesh.is_domain_source else None,
+            fold_mesh,
+            options=ShardingOptions(method="scatter_tensor"),
         )
 
 
@@ -426,8 +432,10 @@ def test_batched_input_dtypes_and_values_pass_through(fold_mesh):
 def test_compact_map_layout(fold_mesh, padding):
     x = sample("boltz2", seed=11)
     source = x if fold_mesh.is_domain_source else None
-    compact = scatter_features(source, fold_mesh, map_layout="index", **padding)
-    dense = scatter_features(source, fold_mesh, **padding)
+    compact = scatter_features(
+        source, fold_mesh, options=ShardingOptions(map_layout="index", **padding)
+    )
+    dense = scatter_features(source, fold_mesh, options=ShardingOptions(**padding))
     layout = reference_layout(x, fold_mesh.cp[0], **padding)
     (tok_pos, _), (atom_pos, a_pad) = layout["tokens"], layout["atoms"]
     problems = []
@@ -474,7 +482,9 @@ def test_balanced_option_plans_on_the_source_and_round_trips(fold_mesh, padding)
     options = ShardingOptions(balance=BalanceOptions(mode="balanced", pair_weight=0.5), **padding)
     source = x if fold_mesh.is_domain_source else None
     sharded = scatter_features(source, fold_mesh, options=options)
-    explicit = scatter_features(source, fold_mesh, token_bounds=expected, **padding)
+    explicit = scatter_features(
+        source, fold_mesh, token_bounds=expected, options=ShardingOptions(**padding)
+    )
     problems = []
     if sharded.plan.token_bounds != tuple(expected):
         problems.append(f"plan bounds {sharded.plan.token_bounds} != balanced {expected}")
@@ -501,15 +511,14 @@ def test_balanced_option_plans_on_the_source_and_round_trips(fold_mesh, padding)
 def test_invalid_options_raise_on_every_rank(fold_mesh):
     x = sample("boltz2", seed=1, n_tokens=13)
     source = x if fold_mesh.is_domain_source else None
-    # Bad options on one rank only (not the source): every rank raises its error.
-    bad = {"token_multiple": 0} if fold_mesh.domain_rank == 1 else {}
-    with pytest.raises(ValueError, match=r"token_multiple must be an integer >= 1, got 0"):
-        scatter_features(source, fold_mesh, **bad)
-    # An old keyword that contradicts the options.
-    with pytest.raises(ValueError, match=r"atom_multiple=8 contradicts options.atom_multiple=32"):
-        scatter_features(
-            source, fold_mesh, options=ShardingOptions(atom_multiple=32), atom_multiple=8
-        )
+    # Options that are no ShardingOptions on one rank only (not the source): every rank
+    # raises that rank's error.
+    bad = {"token_multiple": 4} if fold_mesh.domain_rank == 1 else None
+    with pytest.raises(TypeError, match=r"scatter_features: options must be ShardingOptions"):
+        scatter_features(source, fold_mesh, options=bad)  # type: ignore[arg-type]
+    # An option given as a keyword is Python's own error, before any communication.
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'atom_multiple'"):
+        scatter_features(source, fold_mesh, atom_multiple=8)  # type: ignore[call-arg]
     # The group is still in step.
     sharded = scatter_features(source, fold_mesh, options=ShardingOptions(atom_multiple=32))
     collective_assert(

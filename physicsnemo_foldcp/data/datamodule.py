@@ -16,7 +16,7 @@ hands the data module its mesh (``mesh=None``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from physicsnemo_foldcp.data.loader import (
@@ -86,11 +86,9 @@ class FoldCPDataModule(_base_class()):
         Failed samples tolerated per pass with ``on_error="skip"``.
     record_key : str or None, default "record_id"
         Sample entry reported as the record id.
-    scatter_options : Mapping[str, Any], optional
-        Older form of ``options`` (see :class:`ShardedLoader`).
-    **sharding_aliases
-        The options one by one (``token_multiple=``, ``method=``, ``balance=``, ...),
-        merged into ``options`` as :class:`ShardedLoader` does.
+    token_bounds : sequence of int, optional
+        Fixed row-block token boundaries for every sample of every loader (see
+        :class:`ShardedLoader`).
 
     All options are checked here, by the loader's own checks, before any loader is built.
 
@@ -122,8 +120,7 @@ class FoldCPDataModule(_base_class()):
         on_error: str = "raise",
         max_skips: int = 10,
         record_key: str | None = "record_id",
-        scatter_options: Mapping[str, Any] | None = None,
-        **sharding_aliases: Any,
+        token_bounds: Sequence[int] | None = None,
     ):
         super().__init__()
         self._mesh = mesh
@@ -143,7 +140,7 @@ class FoldCPDataModule(_base_class()):
         }
         check_fetch_options(**fetch)
         self.options, token_bounds = loader_sharding_options(
-            options, scatter_options, sharding_aliases, caller="FoldCPDataModule"
+            options, token_bounds, caller="FoldCPDataModule"
         )
         self.registry = registry if registry is not None else FeatureRegistry.preset("boltz2")
         self.seed = seed
@@ -153,10 +150,9 @@ class FoldCPDataModule(_base_class()):
             "registry": self.registry,
             "options": self.options,
             "record_key": record_key,
+            "token_bounds": token_bounds,
             **fetch,
         }
-        if token_bounds is not None:
-            self.loader_options["scatter_options"] = {"token_bounds": token_bounds}
         self._loaders: dict[str, ShardedLoader] = {}
         self._pending_state: dict[str, Any] = {}
 

@@ -51,7 +51,7 @@ from physicsnemo_foldcp.data.sampling import (
 from physicsnemo_foldcp.distributed.errors import ErrorPayload, RemoteTraceback
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.sharding.options import ShardingOptions, resolve_options
+from physicsnemo_foldcp.sharding.options import ShardingOptions, options_or_defaults
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures, scatter_features
 
 logger = logging.getLogger("physicsnemo_foldcp.data")
@@ -117,24 +117,19 @@ def check_fetch_options(
 
 
 def loader_sharding_options(
-    options: ShardingOptions | Mapping[str, Any] | None,
-    scatter_options: Mapping[str, Any] | None = None,
-    aliases: Mapping[str, Any] | None = None,
+    options: ShardingOptions | None,
+    token_bounds: Sequence[int] | None = None,
     *,
     caller: str = "ShardedLoader",
 ) -> tuple[ShardingOptions, tuple[int, ...] | None]:
-    """The sharding options of a loader, from ``options`` and the older ways to give them.
+    """The sharding options of a loader and its fixed row blocks, checked together.
 
     Parameters
     ----------
-    options : ShardingOptions, Mapping or None
+    options : ShardingOptions or None
         The options (the defaults when ``None``).
-    scatter_options : Mapping[str, Any], optional
-        Older form: further :func:`scatter_features` keywords; the option names among them
-        are merged into ``options``, ``token_bounds`` (fixed row blocks for every sample)
-        is kept apart.
-    aliases : Mapping[str, Any], optional
-        The options one by one (``token_multiple=``, ``balance=``, ...).
+    token_bounds : sequence of int, optional
+        Fixed ``cp0 + 1`` row-block token boundaries for every sample.
     caller : str
         Name for the messages.
 
@@ -145,32 +140,20 @@ def loader_sharding_options(
 
     Raises
     ------
+    TypeError
+        When ``options`` is not a ``ShardingOptions`` (or ``None``).
     ValueError
-        For ``scatter_options`` that set what the loader sets itself, an alias given twice
-        with different values, fixed ``token_bounds`` with a balanced mode, or an invalid
-        option.
+        For fixed ``token_bounds`` with a balanced mode (which computes them per sample).
     """
-    scatter_options = dict(scatter_options or {})
-    aliases = dict(aliases or {})
-    clash = {"registry", "error", "mesh", "features", "options"} & set(scatter_options)
-    if clash:
-        raise ValueError(f"scatter_options may not set {sorted(clash)}")
-    token_bounds = scatter_options.pop("token_bounds", None)
-    twice = sorted(
-        k for k in set(scatter_options) & set(aliases) if scatter_options[k] != aliases[k]
-    )
-    if twice:
+    options = options_or_defaults(options, caller)
+    if token_bounds is None:
+        return options, None
+    if options.balance.mode != "even":
         raise ValueError(
-            f"{caller}: {twice} given both as arguments and in scatter_options, with different "
-            "values; give each option once (in options)"
+            f"{caller}: balance.mode={options.balance.mode!r} computes token_bounds per "
+            "sample; do not also pass token_bounds"
         )
-    resolved = resolve_options(options, {**scatter_options, **aliases}, caller=caller)
-    if resolved.balance.mode != "even" and token_bounds is not None:
-        raise ValueError(
-            f"balance.mode={resolved.balance.mode!r} computes token_bounds per sample; do not "
-            "also pass scatter_options['token_bounds']"
-        )
-    return resolved, None if token_bounds is None else tuple(int(b) for b in token_bounds)
+    return options, tuple(int(b) for b in token_bounds)
 
 
 class SkipLimitError(RuntimeError):
@@ -445,15 +428,9 @@ class ShardedLoader:
         raises :class:`SkipLimitError` on every rank of the domain group.
     record_key : str or None, default "record_id"
         Non-tensor sample entry reported as :attr:`ShardedSample.record_id`.
-    scatter_options : Mapping[str, Any], optional
-        Older form of ``options``: :func:`scatter_features` keywords (``map_layout``,
-        ...), merged into ``options``; ``token_bounds`` there fixes the row blocks of
-        every sample (even balance only).
-    **sharding_aliases
-        The options one by one, as before ``options`` existed: ``token_multiple``,
-        ``atom_multiple``, ``align_lengths``, ``method``, ``map_layout``, ``balance``
-        (a mode name), ``pair_weight``, ``atom_weight``; merged into ``options``
-        (:func:`loader_sharding_options`).
+    token_bounds : sequence of int, optional
+        Fixed ``cp0 + 1`` row-block token boundaries for every sample (even balance only;
+        see :func:`scatter_features`).
 
     Attributes
     ----------
@@ -496,8 +473,7 @@ class ShardedLoader:
         on_error: str = "raise",
         max_skips: int = 10,
         record_key: str | None = "record_id",
-        scatter_options: Mapping[str, Any] | None = None,
-        **sharding_aliases: Any,
+        token_bounds: Sequence[int] | None = None,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -509,9 +485,7 @@ class ShardedLoader:
             fetch_timeout_s=fetch_timeout_s,
             dataloader_kwargs=dataloader_kwargs,
         )
-        self.options, self._token_bounds = loader_sharding_options(
-            options, scatter_options, sharding_aliases
-        )
+        self.options, self._token_bounds = loader_sharding_options(options, token_bounds)
         try:
             length = len(dataset)
         except TypeError as err:

@@ -38,7 +38,8 @@ import torch
 from physicsnemo_foldcp.sharding.options import (
     BALANCE_MODES,
     BalanceOptions,
-    resolve_options,
+    ShardingOptions,
+    options_or_defaults,
 )
 from physicsnemo_foldcp.sharding.plan import (
     check_token_bounds,
@@ -441,11 +442,9 @@ def plan_token_bounds(
     features: Mapping[str, Any],
     cp: tuple[int, int],
     *,
-    balance: str | BalanceOptions = "even",
-    pair_weight: float | None = None,
-    atom_weight: float | None = None,
+    options: ShardingOptions | None = None,
 ) -> tuple[int, ...] | None:
-    """Row-block boundaries for one sample by strategy name (the config hook).
+    """Row-block boundaries for one sample under ``options.balance`` (the config hook).
 
     Parameters
     ----------
@@ -453,23 +452,20 @@ def plan_token_bounds(
         The serial sample (source rank), holding ``atom_to_token``.
     cp : tuple[int, int]
         ``(cp0, cp1)``.
-    balance : {"even", "balanced"} or BalanceOptions, default "even"
-        ``"even"``: ``None``, the plan's default split of equal token counts;
-        ``"balanced"``: :func:`balanced_token_bounds` with the given weights.
-    pair_weight, atom_weight : float, optional
-        Weights for ``"balanced"`` (:class:`BalanceOptions`' defaults when omitted).
+    options : ShardingOptions, optional
+        Its ``balance``: ``mode="even"`` gives ``None``, the plan's default split of equal
+        token counts; ``"balanced"``: :func:`balanced_token_bounds` with its weights. The
+        defaults (even) when omitted.
 
     Returns
     -------
     tuple[int, ...] or None
         ``token_bounds`` for :func:`physicsnemo_foldcp.scatter_features`.
     """
-    aliases = {"balance": balance, "pair_weight": pair_weight, "atom_weight": atom_weight}
-    aliases = {k: v for k, v in aliases.items() if v is not None}
-    options = resolve_options(None, aliases, caller="plan_token_bounds").balance
-    if options.mode == "even":
+    balance = options_or_defaults(options, "plan_token_bounds").balance
+    if balance.mode == "even":
         return None
-    return token_bounds_for(atoms_per_token(features), cp, options)
+    return token_bounds_for(atoms_per_token(features), cp, balance)
 
 
 __all__ = [

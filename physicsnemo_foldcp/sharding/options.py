@@ -2,8 +2,10 @@
 
 :class:`ShardingOptions` is what :func:`~physicsnemo_foldcp.sharding.scatter.scatter_features`,
 :class:`~physicsnemo_foldcp.data.ShardedLoader`, :class:`~physicsnemo_foldcp.data.FoldCPDataModule`,
-the plan report and the Hydra ``sharding`` config group take. The defaults written here are
-the only ones: the config group's YAML and every function read them from this module.
+the plan report and the Hydra ``sharding`` config group take, as their one ``options=``
+argument (``None`` for the defaults; the fields are not keywords of those functions). The
+defaults written here are the only ones: the config group's YAML and every function read
+them from this module.
 """
 
 from __future__ import annotations
@@ -146,122 +148,36 @@ class ShardingOptions:
         return asdict(self)
 
 
-OPTION_ALIASES: dict[str, str] = {
-    "token_multiple": "token_multiple",
-    "atom_multiple": "atom_multiple",
-    "align_lengths": "align_lengths",
-    "map_layout": "map_layout",
-    "method": "method",
-    "balance": "balance",
-    "pair_weight": "balance.pair_weight",
-    "atom_weight": "balance.atom_weight",
-}
-"""Keyword arguments of the functions that took the options one by one -> the field they set.
-
-``balance`` takes a mode name (sets ``balance.mode``), a :class:`BalanceOptions` or a
-mapping of its fields (sets ``balance``).
-"""
-
-
-def _alias_value(name: str, value: Any, current: ShardingOptions) -> tuple[str, Any, Any]:
-    """``(field, value to set, value the options hold)`` of one alias, the value checked."""
-    if name == "balance":
-        if isinstance(value, str):
-            return "balance.mode", _choice("balance", value, BALANCE_MODES), current.balance.mode
-        if isinstance(value, Mapping):
-            value = BalanceOptions(**value)
-        if not isinstance(value, BalanceOptions):
-            raise ValueError(
-                f"balance must be a mode name {BALANCE_MODES}, BalanceOptions or a mapping, "
-                f"got {value!r}"
-            )
-        return "balance", value, current.balance
-    field_name = OPTION_ALIASES[name]
-    holder: Any = current
-    for part in field_name.split("."):
-        holder = getattr(holder, part)
-    return field_name, value, holder
-
-
-def resolve_options(
-    options: ShardingOptions | Mapping[str, Any] | None,
-    aliases: Mapping[str, Any] | None = None,
-    *,
-    caller: str = "scatter_features",
-) -> ShardingOptions:
-    """The options a call runs with: ``options`` (or the defaults) and its keyword aliases.
-
-    The functions that took the sharding options one by one (``token_multiple=``,
-    ``map_layout=``, ``balance=``, ...) keep those keywords as aliases of the fields of
-    :class:`ShardingOptions` (:data:`OPTION_ALIASES`); this merges them in, in one place.
+def options_or_defaults(options: ShardingOptions | None, caller: str) -> ShardingOptions:
+    """The options a call runs with: ``options``, or the defaults for ``None``.
 
     Parameters
     ----------
-    options : ShardingOptions, Mapping or None
-        The options given (a mapping is read by :meth:`ShardingOptions.from_mapping`);
-        ``None`` means the defaults.
-    aliases : Mapping[str, Any], optional
-        The old keyword arguments the call received.
-    caller : str, default "scatter_features"
-        Name of the function, for the messages.
-
-    Returns
-    -------
-    ShardingOptions
-        ``options`` with every alias applied.
+    options : ShardingOptions or None
+        The ``options=`` argument of ``caller``.
+    caller : str
+        Name of the function, for the message.
 
     Raises
     ------
     TypeError
-        For a keyword that is no alias, or ``options`` of another type.
-    ValueError
-        For an invalid value, or an alias that contradicts ``options`` given explicitly
-        (the same value given twice is accepted).
+        For anything else (a mapping, a mode name, ...).
     """
     if options is None:
-        current, explicit = ShardingOptions(), False
-    elif isinstance(options, ShardingOptions):
-        current, explicit = options, True
-    elif isinstance(options, Mapping):
-        current, explicit = ShardingOptions.from_mapping(options), True
-    else:
+        return ShardingOptions()
+    if not isinstance(options, ShardingOptions):
         raise TypeError(
-            f"{caller}: options must be ShardingOptions or a mapping of its fields, got "
-            f"{type(options).__name__}"
+            f"{caller}: options must be ShardingOptions or None, got {type(options).__name__}"
         )
-    aliases = dict(aliases or {})
-    unknown = sorted(set(aliases) - set(OPTION_ALIASES))
-    if unknown:
-        raise TypeError(
-            f"{caller}() got unexpected keyword argument(s) {unknown}; the sharding options "
-            f"are {sorted(OPTION_ALIASES)} (or options=ShardingOptions(...))"
-        )
-    if not aliases:
-        return current
-    values = current.to_dict()
-    for name in sorted(aliases, key=lambda n: n != "balance"):  # a whole balance first
-        field_name, value, held = _alias_value(name, aliases[name], current)
-        if explicit and value != held:
-            raise ValueError(
-                f"{caller}: {name}={aliases[name]!r} contradicts options.{field_name}="
-                f"{held!r}; give each option once (in options)"
-            )
-        if field_name == "balance":
-            values["balance"] = asdict(value)
-        elif field_name.startswith("balance."):
-            values["balance"][field_name.removeprefix("balance.")] = value
-        else:
-            values[field_name] = value
-    return ShardingOptions.from_mapping(values)
+    return options
 
 
 __all__ = [
     "BALANCE_MODES",
     "MAP_LAYOUTS",
     "METHODS",
-    "OPTION_ALIASES",
     "BalanceOptions",
     "ShardingOptions",
+    "options_or_defaults",
     "positive_int",
-    "resolve_options",
 ]

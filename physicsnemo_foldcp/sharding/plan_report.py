@@ -29,7 +29,7 @@ import torch
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import ATOMS, MSA, RSET, TOKENS
 from physicsnemo_foldcp.sharding.balance import PlanCost, atoms_per_token, plan_cost
-from physicsnemo_foldcp.sharding.options import ShardingOptions, resolve_options
+from physicsnemo_foldcp.sharding.options import ShardingOptions, options_or_defaults
 from physicsnemo_foldcp.sharding.plan import Coordinate, ShardingPlan, even_token_bounds
 from physicsnemo_foldcp.sharding.prepare import prepare_sample
 from physicsnemo_foldcp.sharding.wire import FeatureMeta
@@ -209,7 +209,6 @@ def plan_report(
     options: ShardingOptions | None = None,
     token_bounds: Sequence[int] | None = None,
     label: str | None = None,
-    **aliases: Any,
 ) -> PlanReport:
     """Lay out one sample on its plan (one process) and report every rank's share.
 
@@ -230,9 +229,6 @@ def plan_report(
     label : str, optional
         Name of the plan in the printout; by default ``"balanced"`` for a balanced option
         or bounds other than the even split, else ``"even"``.
-    **aliases
-        The options one by one (``token_multiple=``, ``map_layout=``, ...), merged into
-        ``options`` (:func:`~physicsnemo_foldcp.sharding.options.resolve_options`).
 
     Returns
     -------
@@ -240,7 +236,7 @@ def plan_report(
         Exactly what :func:`physicsnemo_foldcp.scatter_features` would put on each rank
         (same validation and layout code), without any communication.
     """
-    options = resolve_options(options, aliases, caller="plan_report")
+    options = options_or_defaults(options, "plan_report")
     registry = registry if registry is not None else FeatureRegistry.preset("boltz2")
     cp = (int(cp[0]), int(cp[1]))
     bounds = tuple(int(b) for b in token_bounds) if token_bounds is not None else None

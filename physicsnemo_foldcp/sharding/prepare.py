@@ -20,7 +20,7 @@ from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, RSET, TOKENS, FeatureSpec
 from physicsnemo_foldcp.sharding.balance import token_bounds_for
 from physicsnemo_foldcp.sharding.maps import exact_map_rows, padded_index_map
-from physicsnemo_foldcp.sharding.options import ShardingOptions, resolve_options
+from physicsnemo_foldcp.sharding.options import ShardingOptions, options_or_defaults
 from physicsnemo_foldcp.sharding.plan import ShardingPlan, build_plan
 from physicsnemo_foldcp.sharding.validation import (
     FeatureValidationError,
@@ -151,7 +151,6 @@ def prepare_sample(
     *,
     options: ShardingOptions | None = None,
     token_bounds: tuple[int, ...] | None = None,
-    **aliases: Any,
 ) -> PreparedSample:
     """Validate a serial sample and plan the layout of every feature.
 
@@ -175,9 +174,6 @@ def prepare_sample(
     token_bounds : tuple[int, ...], optional
         Explicit row-block token boundaries (see
         :func:`~physicsnemo_foldcp.sharding.plan.build_plan`); they win over the balance.
-    **aliases
-        The options one by one (``token_multiple=``, ``map_layout=``, ...), merged into
-        ``options`` (:func:`~physicsnemo_foldcp.sharding.options.resolve_options`).
 
     Returns
     -------
@@ -191,7 +187,7 @@ def prepare_sample(
     UnknownFeatureError
         For tensor keys the registry lacks.
     """
-    options = resolve_options(options, aliases, caller="prepare_sample")
+    options = options_or_defaults(options, "prepare_sample")
     tensors, values = split_sample(features)
     registry.check_keys(tensors)
     batched = detect_batch(tensors, registry)

@@ -46,7 +46,7 @@ from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, TOKENS
 from physicsnemo_foldcp.sharding.map_tags import tag_maps
 from physicsnemo_foldcp.sharding.maps import index_map_to_dense
-from physicsnemo_foldcp.sharding.options import METHODS, ShardingOptions, resolve_options
+from physicsnemo_foldcp.sharding.options import METHODS, ShardingOptions, options_or_defaults
 from physicsnemo_foldcp.sharding.packing import packed_size, unpack
 from physicsnemo_foldcp.sharding.plan import ShardingPlan, sharding_shapes
 from physicsnemo_foldcp.sharding.prepare import prepare_sample
@@ -335,7 +335,6 @@ def scatter_features(
     options: ShardingOptions | None = None,
     token_bounds: tuple[int, ...] | None = None,
     error: BaseException | None = None,
-    **legacy: Any,
 ) -> ShardedFeatures:
     """Shard one sample over this rank's domain group; every rank gets ShardTensors.
 
@@ -373,12 +372,6 @@ def scatter_features(
         On the source rank: an exception hit before the scatter (e.g. in the serial fetch).
         Instead of scattering, it is raised on every rank of the domain group, with its
         type, message and traceback; ignored on the other ranks.
-    **legacy
-        The options one by one, as before ``options`` existed: ``token_multiple``,
-        ``atom_multiple``, ``align_lengths``, ``map_layout``, ``method`` (and ``balance``,
-        ``pair_weight``, ``atom_weight``), merged into ``options``
-        (:func:`~physicsnemo_foldcp.sharding.options.resolve_options`); one that
-        contradicts ``options`` is an error.
 
     Returns
     -------
@@ -393,8 +386,10 @@ def scatter_features(
     ------
     FeatureValidationError, UnknownFeatureError
         On every rank of the domain group, when the source's sample is invalid.
-    ValueError, TypeError
-        On every rank, when a rank's options are invalid.
+    TypeError
+        On every rank, when a rank's ``options`` is not a ``ShardingOptions`` (or
+        ``None``); an unknown keyword (the option fields are not keywords) is Python's
+        own ``TypeError``, raised where the call is made.
     RegistryMismatchError
         On every rank, when the ranks' registries differ.
     """
@@ -403,8 +398,8 @@ def scatter_features(
     start = time.perf_counter()
     options_error: BaseException | None = None
     try:
-        options = resolve_options(options, legacy, caller="scatter_features")
-    except (TypeError, ValueError) as err:
+        options = options_or_defaults(options, "scatter_features")
+    except TypeError as err:
         options, options_error = None, err
     if options_error is not None and not (mesh.is_domain_source and error is not None):
         error = options_error

@@ -516,7 +516,7 @@ def train(
         Axis meanings of the features (Boltz-2 preset by default).
     loader_options : Mapping, optional
         Further :class:`~physicsnemo_foldcp.data.ShardedLoader` arguments
-        (``token_multiple``, ``atom_multiple``, ``num_workers``, ``scatter_options``...).
+        (``options=ShardingOptions(...)``, ``num_workers``, ``token_bounds``, ...).
     extra : Mapping, optional
         Stored in every checkpoint (e.g. the run's configuration): plain data only.
     run_config : Mapping, optional

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -356,7 +356,7 @@ def validate_model(
     loss_fn: LossFn | None = None,
     registry: FeatureRegistry | None = None,
     options: ShardingOptions | None = None,
-    scatter_options: Mapping[str, Any] | None = None,
+    token_bounds: Sequence[int] | None = None,
     rtol: float = 1e-5,
     atol: float = 1e-6,
 ) -> ValidationReport:
@@ -385,9 +385,9 @@ def validate_model(
         How the sample is sharded (the defaults otherwise). With per-shard padding,
         module outputs along padded axes cannot be compared element by element and are
         listed in ``not_compared``.
-    scatter_options : Mapping, optional
-        Further :func:`~physicsnemo_foldcp.scatter_features` keyword arguments (the older
-        spelling of ``options``' fields, e.g. ``token_bounds``).
+    token_bounds : sequence of int, optional
+        Explicit row-block token boundaries for the scatter (see
+        :func:`~physicsnemo_foldcp.scatter_features`).
     rtol, atol : float
         Tolerances; ``atol`` is scaled by ``max(1, max |serial value|)`` per tensor.
 
@@ -429,7 +429,7 @@ def validate_model(
             mesh,
             registry=registry,
             options=options,
-            **dict(scatter_options or {}),
+            token_bounds=None if token_bounds is None else tuple(int(b) for b in token_bounds),
         )
         with _fallback_tracing(comm, recorder, fallbacks):
             with compat.comm_counter() as forward_mode:

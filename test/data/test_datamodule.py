@@ -41,7 +41,7 @@ class Unloaded:
         (dict(fetch_timeout_s=5.0), ValueError, "set num_workers > 0"),
         (dict(num_workers=1, fetch_timeout_s=0), ValueError, "fetch_timeout_s must be > 0"),
         (dict(dataloader_kwargs={"batch_size": 4}), ValueError, r"may not set \['batch_size'\]"),
-        (dict(scatter_options={"error": None}), ValueError, r"may not set \['error'\]"),
+        (dict(options={"atom_multiple": 32}), TypeError, "options must be ShardingOptions"),
         (dict(remainder="pad"), ValueError, "remainder must be one of"),
     ],
 )
@@ -120,38 +120,47 @@ def test_datamodule_state_survives_teardown_and_restores_before_setup():
         other_seed.train_dataloader()
 
 
-def test_loader_merges_the_old_sharding_arguments_into_its_options():
-    loader = ShardedLoader(
-        Unloaded(5), MESH, token_multiple=4, scatter_options={"map_layout": "index"}
-    )
-    assert loader.options == ShardingOptions(token_multiple=4, map_layout="index")
+OLD_KEYWORDS = [
+    dict(token_multiple=4),
+    dict(atom_multiple=32),
+    dict(align_lengths=True),
+    dict(map_layout="index"),
+    dict(method="scatter_tensor"),
+    dict(balance="balanced"),
+    dict(pair_weight=0.5),
+    dict(atom_weight=2.0),
+    dict(scatter_options={"map_layout": "index"}),
+]
+
+
+@pytest.mark.parametrize("kwargs", OLD_KEYWORDS, ids=lambda kw: next(iter(kw)))
+def test_loader_and_datamodule_take_the_options_only_as_options(kwargs):
+    name = next(iter(kwargs))
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+        ShardedLoader(Unloaded(5), MESH, **kwargs)
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+        FoldCPDataModule(Unloaded(5), None, None, MESH, **kwargs)
+
+
+def test_loader_keeps_the_options_it_is_given():
+    assert ShardedLoader(Unloaded(5), MESH).options == ShardingOptions()
     given = ShardingOptions(atom_multiple=32)
     assert ShardedLoader(Unloaded(5), MESH, options=given).options is given
-    with pytest.raises(ValueError, match=r"\['method'\] given both as arguments and in scatter"):
-        ShardedLoader(Unloaded(5), MESH, method="p2p", scatter_options={"method": "scatter_tensor"})
-    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['atom_window'\]"):
-        ShardedLoader(Unloaded(5), MESH, atom_window=32)
 
 
 def test_datamodule_checks_options_when_built_and_gives_them_to_every_loader():
     with pytest.raises(ValueError, match="max_skips must be an integer >= 0"):
         FoldCPDataModule(Unloaded(3), None, None, MESH, max_skips=-1)
-    with pytest.raises(ValueError, match="map_layout must be one of"):
-        FoldCPDataModule(Unloaded(3), None, None, MESH, map_layout="sparse")
-    with pytest.raises(ValueError, match=r"FoldCPDataModule: atom_multiple=8 contradicts"):
-        FoldCPDataModule(
-            Unloaded(3),
-            None,
-            None,
-            MESH,
-            options=ShardingOptions(atom_multiple=32),
-            atom_multiple=8,
-        )
+    with pytest.raises(TypeError, match="FoldCPDataModule: options must be ShardingOptions"):
+        FoldCPDataModule(Unloaded(3), None, None, MESH, options="balanced")  # type: ignore[arg-type]
+    balanced = ShardingOptions(balance=BalanceOptions(mode="balanced"))
+    with pytest.raises(ValueError, match="FoldCPDataModule: balance.mode='balanced' computes"):
+        FoldCPDataModule(Unloaded(3), None, None, MESH, options=balanced, token_bounds=(0, 1, 3))
     options = ShardingOptions(atom_multiple=32, balance=BalanceOptions(mode="balanced"))
     dm = FoldCPDataModule(Unloaded(5), Unloaded(3), None, MESH, options=options, max_skips=2)
     dm.setup("fit")
     for loader in (dm.train_dataloader(), dm.val_dataloader()):
         assert loader.options == options and loader.max_skips == 2
-    aliased = FoldCPDataModule(Unloaded(5), None, None, MESH, atom_multiple=32, balance="balanced")
-    assert aliased.options == options
-    assert aliased.train_dataloader().options == options
+    fixed = FoldCPDataModule(Unloaded(5), Unloaded(3), None, MESH, token_bounds=[0, 2, 5])
+    for loader in (fixed.train_dataloader(), fixed.val_dataloader()):
+        assert loader.options == ShardingOptions() and loader._token_bounds == (0, 2, 5)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from physicsnemo_foldcp import scatter_features
+from physicsnemo_foldcp import ShardingOptions, scatter_features
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel, reference_loss
 from physicsnemo_foldcp.testing import collective_assert
@@ -75,7 +75,7 @@ def test_missing_feature_and_bad_config_are_named():
 @pytest.mark.parametrize("fold_mesh", [(1, 2, 2), (1, 2, 3), (1, 3, 3)], indirect=True, ids=mesh_id)
 @pytest.mark.parametrize(
     "options",
-    [dict(token_multiple=4, atom_multiple=8), dict(map_layout="index")],
+    [ShardingOptions(token_multiple=4, atom_multiple=8), ShardingOptions(map_layout="index")],
     ids=["padded", "compact-maps"],
 )
 def test_scattered_features_give_the_serial_loss_and_gradients(fold_mesh, options):
@@ -85,7 +85,7 @@ def test_scattered_features_give_the_serial_loss_and_gradients(fold_mesh, option
     serial = model()
     expected = forward_backward(serial, x)
     distributed = model().to(mesh.device)
-    features = scatter_features(x if mesh.is_domain_source else None, mesh, **options)
+    features = scatter_features(x if mesh.is_domain_source else None, mesh, options=options)
     loss = forward_backward(distributed, features)
     problems = []
     if not torch.allclose(loss.to_local().cpu(), expected, rtol=1e-5, atol=1e-6):

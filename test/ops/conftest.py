@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from physicsnemo_foldcp import scatter_features
+from physicsnemo_foldcp import ShardingOptions, scatter_features
 from physicsnemo_foldcp.core import compat
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.features import FeatureSpec
@@ -145,7 +145,9 @@ def ops_case():
             if batched:
                 serial = {k: v.unsqueeze(0) for k, v in serial.items()}
             sharded = scatter_features(
-                serial if mesh.is_domain_source else None, mesh, **PADDINGS[padding]
+                serial if mesh.is_domain_source else None,
+                mesh,
+                options=ShardingOptions(**PADDINGS[padding]),
             )
             sharded = tag_maps(sharded)
             index = _index_features(sharded) if batched else None

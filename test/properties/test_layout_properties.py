@@ -5,6 +5,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from physicsnemo_foldcp import ShardingOptions
 from physicsnemo_foldcp.sharding.packing import unpack
 from physicsnemo_foldcp.sharding.plan import local_block
 from physicsnemo_foldcp.sharding.prepare import prepare_sample
@@ -35,7 +36,7 @@ REGISTRY = random_registry()
 )
 def test_blocks_tile_the_padded_layout_and_invert_exactly(spec, cp0, cp1, padding):
     x = random_sample(spec, seed=len(spec.atoms_per_token))
-    prepared = prepare_sample(x, REGISTRY, (cp0, cp1), **padding)
+    prepared = prepare_sample(x, REGISTRY, (cp0, cp1), options=ShardingOptions(**padding))
     plan = prepared.plan
     counts = torch.tensor(spec.atoms_per_token)
     for name, padded in prepared.padded.items():
@@ -82,7 +83,8 @@ def test_blocks_tile_the_padded_layout_and_invert_exactly(spec, cp0, cp1, paddin
 )
 def test_packed_blocks_equal_blocks_of_the_padded_layout(spec, cp0, cp1, padding, map_layout):
     x = random_sample(spec, seed=len(spec.atoms_per_token) + 1)
-    prepared = prepare_sample(x, REGISTRY, (cp0, cp1), map_layout=map_layout, **padding)
+    options = ShardingOptions(map_layout=map_layout, **padding)
+    prepared = prepare_sample(x, REGISTRY, (cp0, cp1), options=options)
     for i in range(cp0):
         for j in range(cp1):
             blocks = [

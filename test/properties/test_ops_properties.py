@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from physicsnemo.domain_parallel import ShardTensor
 
-from physicsnemo_foldcp import scatter_features
+from physicsnemo_foldcp import ShardingOptions, scatter_features
 from physicsnemo_foldcp.ops import (
     atoms_to_tokens_mean,
     masked_mean,
@@ -76,7 +76,10 @@ def test_ops_chain_matches_serial_forward_and_backward(fold_mesh, spec, padding)
     serial_loss.backward()
     sharded = tag_maps(
         scatter_features(
-            x if fold_mesh.is_domain_source else None, fold_mesh, registry=REGISTRY, **padding
+            x if fold_mesh.is_domain_source else None,
+            fold_mesh,
+            registry=REGISTRY,
+            options=ShardingOptions(**padding),
         )
     )
     loss = model(sharded)

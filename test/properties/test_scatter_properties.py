@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 
-from physicsnemo_foldcp import gather_features, scatter_features
+from physicsnemo_foldcp import ShardingOptions, gather_features, scatter_features
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.random_sample import (
     RandomSampleSpec,
@@ -40,7 +40,10 @@ RUNS = settings(
 def test_random_samples_round_trip_bit_exact(fold_mesh, spec, padding):
     x = random_sample(spec, seed=len(spec.atoms_per_token) + fold_mesh.ddp_rank)
     sharded = scatter_features(
-        x if fold_mesh.is_domain_source else None, fold_mesh, registry=REGISTRY, **padding
+        x if fold_mesh.is_domain_source else None,
+        fold_mesh,
+        registry=REGISTRY,
+        options=ShardingOptions(**padding),
     )
     gathered = gather_features(sharded)
     differ = [

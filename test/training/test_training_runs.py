@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from physicsnemo_foldcp import ShardingOptions
 from physicsnemo_foldcp.data import ShardedLoader
 from physicsnemo_foldcp.distributed.wrappers import unwrap
 from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel, reference_loss
@@ -208,7 +209,8 @@ def test_prediction_writes_the_serial_distograms(fold_mesh, shared_dir):
     mesh = fold_mesh
     dataset = SyntheticComplexes(mesh.ddp_size + 1, 9, 19, seed=21, msa_rows=2)
     model = fresh_model()
-    result = predict(model, mesh, dataset, shared_dir, loader_options={"token_multiple": 2})
+    loader_options = {"options": ShardingOptions(token_multiple=2)}
+    result = predict(model, mesh, dataset, shared_dir, loader_options=loader_options)
     dist.barrier()
     problems = []
     model = model.cpu()
