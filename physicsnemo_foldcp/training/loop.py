@@ -52,7 +52,13 @@ from physicsnemo_foldcp.training.compile import (
 )
 from physicsnemo_foldcp.training.hooks import LossFn, model_loss, module_types
 from physicsnemo_foldcp.training.logs import MetricLogger
-from physicsnemo_foldcp.training.rundir import RESUME_MODES, decide, fingerprint, prepare_run
+from physicsnemo_foldcp.training.rundir import (
+    RESUME_MODES,
+    RunPlan,
+    decide,
+    fingerprint,
+    prepare_run,
+)
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
@@ -479,6 +485,407 @@ def _batches(loader: ShardedLoader) -> Iterator[Any]:
             raise RuntimeError("the training loader yields no steps (empty dataset?)")
 
 
+@dataclass
+class _RunSetup:
+    """What :func:`train` decides before it touches the model (every check done).
+
+    Attributes
+    ----------
+    loss_fn : LossFn
+        ``loss_fn(outputs, features)`` -> scalar loss.
+    fsdp_units, regions : tuple[type[nn.Module], ...]
+        The FSDP2 units and the compile regions.
+    compiled : str
+        The compile mode that runs (``"auto"`` resolved).
+    optimizer : OptimizerSettings
+        The optimizer's settings.
+    directory : RunPlan
+        Where the run starts (``directory.resume``) and what its directories hold.
+    """
+
+    loss_fn: LossFn
+    fsdp_units: tuple[type[nn.Module], ...]
+    regions: tuple[type[nn.Module], ...]
+    compiled: str
+    optimizer: OptimizerSettings
+    directory: RunPlan
+
+
+@dataclass
+class _Run:
+    """The state of one call of :func:`train`, from its first step to its result.
+
+    Attributes
+    ----------
+    settings : TrainSettings
+        The run's settings.
+    mesh : FoldMesh
+        The job's mesh.
+    model : nn.Module
+        The wrapped (and compiled) model.
+    optimizer : torch.optim.Optimizer
+        Its optimizer.
+    loader : ShardedLoader
+        The training loader.
+    setup : _RunSetup
+        What was decided before the model was touched.
+    extra : Mapping or None
+        Stored in every checkpoint, with ``stored_settings``.
+    metric_logger : MetricLogger or None
+        Receives each step's metrics.
+    start_step, step : int
+        Steps done before this run (resume), and done so far.
+    stored_settings : dict
+        ``settings`` as plain data, for the checkpoints.
+    metrics : file or None
+        Rank 0's open ``settings.metrics_file``.
+    bar : tqdm or None
+        Rank 0's progress bar.
+    start : float
+        ``time.perf_counter()`` when the steps began.
+    losses, indices, checkpoints : list
+        Per step: the loss and the dataset index; the checkpoint files written.
+    """
+
+    settings: TrainSettings
+    mesh: FoldMesh
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: ShardedLoader
+    setup: _RunSetup
+    extra: Mapping[str, Any] | None
+    metric_logger: MetricLogger | None
+    start_step: int = 0
+    step: int = 0
+    stored_settings: dict[str, Any] = field(default_factory=dict)
+    metrics: Any = None
+    bar: Any = None
+    start: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
+
+    @property
+    def rank0(self) -> bool:
+        """Whether this is global rank 0 (which alone logs and writes the metrics)."""
+        return self.mesh.rank == 0
+
+
+def _decide_run(
+    model: nn.Module,
+    mesh: FoldMesh,
+    dataset: Any,
+    settings: TrainSettings,
+    optimizer: OptimizerSettings | None,
+    loss_fn: LossFn | None,
+    run_config: Mapping[str, Any] | None,
+) -> _RunSetup:
+    """Resolve the model's hooks and the modes, then decide and prepare the run directory.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The serial model (its hooks, parameter names and shapes).
+    mesh : FoldMesh
+        The job's mesh.
+    dataset : Any
+        The serial dataset (part of the run's identity).
+    settings : TrainSettings
+        The checked settings.
+    optimizer : OptimizerSettings, optional
+        AdamW with defaults when omitted.
+    loss_fn : callable, optional
+        ``settings.loss``, else the model's ``loss`` method, when omitted.
+    run_config : Mapping, optional
+        Further configuration that identifies the run.
+
+    Returns
+    -------
+    _RunSetup
+        The resolved hooks, compile mode, optimizer settings and run-directory plan.
+
+    Raises
+    ------
+    ValueError
+        For regional compilation with a data-parallel wrapper.
+    RunDirectoryError
+        When the run's directories hold another run's outputs (see
+        :mod:`~physicsnemo_foldcp.training.rundir`).
+    """
+    loss_fn = model_loss(model, loss_fn if loss_fn is not None else settings.loss)
+    fsdp_units = module_types(model, "fsdp_units", settings.fsdp_units)
+    regions = module_types(model, "compile_regions", settings.compile_regions)
+    wrapper = resolve_wrapper(settings.wrapper, mesh)
+    compiled = resolve_compile_mode(settings.compile, mesh.cp)
+    if compiled == "regional" and wrapper != "none":
+        raise ValueError(
+            f"train.compile=regional needs ddp=1 (wrapper none), got wrapper {wrapper!r} on "
+            f"mesh {mesh.shape}: compiled regions return partial gradients that DDP/FSDP2 "
+            "would reduce before they are summed over the domain group; use compile=none"
+        )
+    opt_settings = optimizer or OptimizerSettings()
+    identity = run_identity(model, dataset, settings, opt_settings, run_config)
+    run_id = fingerprint(identity)
+    directory = decide(
+        settings.checkpoint_dir, settings.metrics_file, run_id, settings.resume, settings.overwrite
+    )
+    prepare_run(directory, settings.checkpoint_dir, settings.metrics_file, run_id, identity)
+    return _RunSetup(loss_fn, fsdp_units, regions, compiled, opt_settings, directory)
+
+
+def _build_run(
+    model: nn.Module,
+    mesh: FoldMesh,
+    dataset: Any,
+    settings: TrainSettings,
+    setup: _RunSetup,
+    *,
+    registry: FeatureRegistry | None,
+    loader_options: Mapping[str, Any] | None,
+    extra: Mapping[str, Any] | None,
+    metric_logger: MetricLogger | None,
+) -> _Run:
+    """Pin the precision, wrap and compile the model, build its optimizer and the loader.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The serial model; moved to ``mesh.device`` and wrapped per ``settings.wrapper``.
+    mesh : FoldMesh
+        The job's mesh.
+    dataset : Any
+        The serial dataset of the loader.
+    settings : TrainSettings
+        The run's settings.
+    setup : _RunSetup
+        From :func:`_decide_run`.
+    registry : FeatureRegistry, optional
+        Axis meanings of the features.
+    loader_options : Mapping, optional
+        Further :class:`~physicsnemo_foldcp.data.ShardedLoader` arguments.
+    extra : Mapping, optional
+        Stored in every checkpoint.
+    metric_logger : MetricLogger, optional
+        Receives each step's metrics.
+
+    Returns
+    -------
+    _Run
+        The run at step 0 (before any resume).
+    """
+    set_precision(settings.precision)
+    model = model.to(mesh.device)
+    wrapped = wrap_model(model, mesh, settings.wrapper, shard_modules=setup.fsdp_units)
+    compile_model(
+        unwrap(wrapped),
+        mesh,
+        settings.compile,
+        regions=setup.regions,
+        backend=settings.compile_backend,
+    )
+    if mesh.rank == 0:
+        logger.info(
+            "mesh %s (ddp x cp0 x cp1), model wrapped as %s over ddp",
+            "x".join(map(str, mesh.shape)),
+            type(wrapped).__name__,
+        )
+    opt = build_optimizer(wrapped, setup.optimizer)
+    loader = ShardedLoader(
+        dataset,
+        mesh,
+        mode="train",
+        registry=registry,
+        seed=settings.seed,
+        **dict(loader_options or {}),
+    )
+    return _Run(settings, mesh, wrapped, opt, loader, setup, extra, metric_logger)
+
+
+def _resume(run: _Run) -> None:
+    """Load the checkpoint the run directory's plan names, if any; set ``run.start_step``.
+
+    Restores the model, the optimizer and the loader's position (the random generators
+    are restored by :func:`~physicsnemo_foldcp.training.checkpoint.load_checkpoint`).
+
+    Parameters
+    ----------
+    run : _Run
+        The run before its first step.
+
+    Raises
+    ------
+    CheckpointError
+        When the checkpoint is not one, is unsafe, or does not fit.
+    """
+    settings, resume = run.settings, run.setup.directory.resume
+    if resume is None and run.rank0 and settings.resume in RESUME_MODES and settings.checkpoint_dir:
+        logger.info("no checkpoint in %s: starting from scratch", settings.checkpoint_dir)
+    if resume:
+        state = load_checkpoint(resume, run.model, run.optimizer, mesh=run.mesh)
+        run.start_step = int(state["step"])
+        if state.get("loader") is not None:
+            run.loader.load_state_dict(state["loader"])
+        if run.rank0:
+            logger.info("resumed from %s at step %d", resume, run.start_step)
+    run.stored_settings = plain_values(asdict(settings))
+
+
+def _open_outputs(run: _Run) -> None:
+    """Open rank 0's metrics file (appending) and progress bar; start the clock.
+
+    Parameters
+    ----------
+    run : _Run
+        The run after :func:`_resume`; its model is put in training mode.
+    """
+    settings = run.settings
+    if run.rank0 and settings.metrics_file:
+        Path(settings.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+        run.metrics = open(settings.metrics_file, "a")  # noqa: SIM115 - trimmed by prepare_run
+    run.bar = _progress(settings.steps, run.start_step, settings.progress and run.rank0)
+    run.step = run.start_step
+    run.model.train()
+    run.start = time.perf_counter()
+
+
+def _close_outputs(run: _Run) -> None:
+    """Close the progress bar and the metrics file (also after an error)."""
+    if run.bar is not None:
+        run.bar.close()
+    if run.metrics is not None:
+        run.metrics.close()
+
+
+def _train_step(run: _Run, item: Any) -> float:
+    """One optimizer step on one loader item; returns the loss, averaged over ``ddp``.
+
+    Parameters
+    ----------
+    run : _Run
+        The run; ``run.step`` is advanced by one.
+    item : ShardedSample
+        This domain group's sample of the step.
+
+    Returns
+    -------
+    float
+        The step's loss, the mean over the domain groups.
+
+    Raises
+    ------
+    BatchSizeError
+        When the sample is not one batched complex.
+    FloatingPointError
+        When the loss is not finite.
+    """
+    features = item.features
+    check_batch(features)
+    compiled = run.setup.compiled
+    inputs = local_features(features) if compiled == "whole" else features
+    run.optimizer.zero_grad(set_to_none=True)
+    loss = forward_backward(
+        run.model,
+        inputs,
+        run.setup.loss_fn,
+        precision=run.settings.precision,
+        device=run.mesh.device,
+    )
+    if compiled == "regional":
+        reduce_region_gradients(unwrap(run.model))
+    run.optimizer.step()
+    run.step += 1
+    value = _mean_over_ddp(loss_value(loss), run.mesh)
+    if not math.isfinite(value):
+        raise FloatingPointError(f"loss is {value} at step {run.step}")
+    run.losses.append(value)
+    run.indices.append(int(item.index))
+    return value
+
+
+def _log_step(run: _Run, value: float) -> None:
+    """Report the step's loss: metrics file, metric logger, progress bar, log line.
+
+    Parameters
+    ----------
+    run : _Run
+        The run after :func:`_train_step`.
+    value : float
+        The step's loss.
+    """
+    settings, step = run.settings, run.step
+    elapsed = time.perf_counter() - run.start
+    if run.metrics is not None:
+        run.metrics.write(json.dumps({"step": step, "loss": value, "seconds": elapsed}) + "\n")
+        run.metrics.flush()
+    if run.metric_logger is not None:
+        run.metric_logger.log({"loss": value, "seconds": elapsed}, step)
+    if run.bar is not None:
+        run.bar.update(1)
+        run.bar.set_postfix(loss=f"{value:.4f}")
+    if run.rank0 and settings.log_every and step % settings.log_every == 0:
+        rate = (step - run.start_step) / (time.perf_counter() - run.start)
+        message = f"step {step}/{settings.steps} loss {value:.4f} ({rate:.2f} steps/s)"
+        if run.bar is not None:
+            run.bar.write(message)
+        else:
+            logger.info("%s", message)
+
+
+def _maybe_checkpoint(run: _Run) -> bool:
+    """Write a checkpoint when one is due or the run is done; return whether it is done.
+
+    Parameters
+    ----------
+    run : _Run
+        The run after the step's :func:`_log_step`.
+
+    Returns
+    -------
+    bool
+        ``True`` once ``settings.steps`` steps are done.
+    """
+    settings, step = run.settings, run.step
+    done = step >= settings.steps
+    due = settings.checkpoint_every and step % settings.checkpoint_every == 0
+    if settings.checkpoint_dir and (due or done):
+        path = save_checkpoint(
+            settings.checkpoint_dir,
+            step,
+            run.model,
+            run.optimizer,
+            run.mesh,
+            loader_state=run.loader.state_dict(),
+            extra={**dict(run.extra or {}), "settings": run.stored_settings},
+        )
+        run.checkpoints.append(str(path))
+    return done
+
+
+def _finish(run: _Run) -> TrainResult:
+    """The run's result (peak memory gathered from every rank); rank 0 logs its summary.
+
+    Parameters
+    ----------
+    run : _Run
+        The run after its last step (call on every rank: one object all-gather).
+    """
+    seconds = time.perf_counter() - run.start
+    result = TrainResult(
+        losses=run.losses,
+        start_step=run.start_step,
+        end_step=run.step,
+        seconds=seconds,
+        peak_memory=_gather_peak_memory(run.mesh),
+        checkpoints=run.checkpoints,
+        model=run.model,
+        optimizer=run.optimizer,
+        indices=run.indices,
+    )
+    if run.rank0:
+        logger.info("%s", result.summary())
+    return result
+
+
 def train(
     model: nn.Module,
     mesh: FoldMesh,
@@ -547,146 +954,38 @@ def train(
     The model's FSDP2 units, compile regions and loss come from its class, or from
     ``settings`` (see :mod:`~physicsnemo_foldcp.training.hooks`): nothing here knows the
     model.
+
+    The steps, in this order (the order of the collectives and of the random draws, which
+    an exact resume depends on): decide the run (hooks, modes, run directory), build it
+    (precision, wrapper, compile, optimizer, loader), resume, open the outputs; then per
+    step: train, log, checkpoint when due; finally gather the result.
     """
     settings = settings or TrainSettings()
     settings.check()
-    loss_fn = model_loss(model, loss_fn if loss_fn is not None else settings.loss)
-    fsdp_units = module_types(model, "fsdp_units", settings.fsdp_units)
-    regions = module_types(model, "compile_regions", settings.compile_regions)
-    wrapper = resolve_wrapper(settings.wrapper, mesh)
-    compiled = resolve_compile_mode(settings.compile, mesh.cp)
-    if compiled == "regional" and wrapper != "none":
-        raise ValueError(
-            f"train.compile=regional needs ddp=1 (wrapper none), got wrapper {wrapper!r} on "
-            f"mesh {mesh.shape}: compiled regions return partial gradients that DDP/FSDP2 "
-            "would reduce before they are summed over the domain group; use compile=none"
-        )
-    opt_settings = optimizer or OptimizerSettings()
-    identity = run_identity(model, dataset, settings, opt_settings, run_config)
-    run_id = fingerprint(identity)
-    plan = decide(
-        settings.checkpoint_dir, settings.metrics_file, run_id, settings.resume, settings.overwrite
-    )
-    prepare_run(plan, settings.checkpoint_dir, settings.metrics_file, run_id, identity)
-    set_precision(settings.precision)
-    rank0 = mesh.rank == 0
-
-    model = model.to(mesh.device)
-    wrapped = wrap_model(model, mesh, settings.wrapper, shard_modules=fsdp_units)
-    compile_model(
-        unwrap(wrapped), mesh, settings.compile, regions=regions, backend=settings.compile_backend
-    )
-    if rank0:
-        logger.info(
-            "mesh %s (ddp x cp0 x cp1), model wrapped as %s over ddp",
-            "x".join(map(str, mesh.shape)),
-            type(wrapped).__name__,
-        )
-    opt = build_optimizer(wrapped, opt_settings)
-    loader = ShardedLoader(
-        dataset,
+    setup = _decide_run(model, mesh, dataset, settings, optimizer, loss_fn, run_config)
+    run = _build_run(
+        model,
         mesh,
-        mode="train",
+        dataset,
+        settings,
+        setup,
         registry=registry,
-        seed=settings.seed,
-        **dict(loader_options or {}),
+        loader_options=loader_options,
+        extra=extra,
+        metric_logger=metric_logger,
     )
-
-    start_step = 0
-    resume = plan.resume
-    if resume is None and rank0 and settings.resume in RESUME_MODES and settings.checkpoint_dir:
-        logger.info("no checkpoint in %s: starting from scratch", settings.checkpoint_dir)
-    if resume:
-        state = load_checkpoint(resume, wrapped, opt, mesh=mesh)
-        start_step = int(state["step"])
-        if state.get("loader") is not None:
-            loader.load_state_dict(state["loader"])
-        if rank0:
-            logger.info("resumed from %s at step %d", resume, start_step)
-    stored_settings = plain_values(asdict(settings))
-
-    metrics = None
-    if rank0 and settings.metrics_file:
-        Path(settings.metrics_file).parent.mkdir(parents=True, exist_ok=True)
-        metrics = open(settings.metrics_file, "a")  # noqa: SIM115 - trimmed by prepare_run
-
-    losses: list[float] = []
-    indices: list[int] = []
-    checkpoints: list[str] = []
-    bar = _progress(settings.steps, start_step, settings.progress and rank0)
-    step = start_step
-    wrapped.train()
-    start = time.perf_counter()
+    _resume(run)
+    _open_outputs(run)
     try:
-        batches = _batches(loader) if step < settings.steps else iter(())
+        batches = _batches(run.loader) if run.step < settings.steps else iter(())
         for item in batches:
-            features = item.features
-            check_batch(features)
-            inputs = local_features(features) if compiled == "whole" else features
-            opt.zero_grad(set_to_none=True)
-            loss = forward_backward(
-                wrapped, inputs, loss_fn, precision=settings.precision, device=mesh.device
-            )
-            if compiled == "regional":
-                reduce_region_gradients(unwrap(wrapped))
-            opt.step()
-            step += 1
-            value = _mean_over_ddp(loss_value(loss), mesh)
-            if not math.isfinite(value):
-                raise FloatingPointError(f"loss is {value} at step {step}")
-            losses.append(value)
-            indices.append(int(item.index))
-            elapsed = time.perf_counter() - start
-            if metrics is not None:
-                metrics.write(json.dumps({"step": step, "loss": value, "seconds": elapsed}) + "\n")
-                metrics.flush()
-            if metric_logger is not None:
-                metric_logger.log({"loss": value, "seconds": elapsed}, step)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{value:.4f}")
-            if rank0 and settings.log_every and step % settings.log_every == 0:
-                rate = (step - start_step) / (time.perf_counter() - start)
-                message = f"step {step}/{settings.steps} loss {value:.4f} ({rate:.2f} steps/s)"
-                if bar is not None:
-                    bar.write(message)
-                else:
-                    logger.info("%s", message)
-            done = step >= settings.steps
-            due = settings.checkpoint_every and step % settings.checkpoint_every == 0
-            if settings.checkpoint_dir and (due or done):
-                path = save_checkpoint(
-                    settings.checkpoint_dir,
-                    step,
-                    wrapped,
-                    opt,
-                    mesh,
-                    loader_state=loader.state_dict(),
-                    extra={**dict(extra or {}), "settings": stored_settings},
-                )
-                checkpoints.append(str(path))
-            if done:
+            value = _train_step(run, item)
+            _log_step(run, value)
+            if _maybe_checkpoint(run):
                 break
     finally:
-        if bar is not None:
-            bar.close()
-        if metrics is not None:
-            metrics.close()
-    seconds = time.perf_counter() - start
-    result = TrainResult(
-        losses=losses,
-        start_step=start_step,
-        end_step=step,
-        seconds=seconds,
-        peak_memory=_gather_peak_memory(mesh),
-        checkpoints=checkpoints,
-        model=wrapped,
-        optimizer=opt,
-        indices=indices,
-    )
-    if rank0:
-        logger.info("%s", result.summary())
-    return result
+        _close_outputs(run)
+    return _finish(run)
 
 
 def write_summary(result: TrainResult, path: str | os.PathLike) -> None:
