@@ -7,12 +7,8 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from physicsnemo_foldcp.features.spec import (
-    ATOMS,
-    LAYOUT_AXES,
-    TOKENS,
-    FeatureSpec,
-)
+from physicsnemo_foldcp.features.axes import Axis, axis_of
+from physicsnemo_foldcp.features.spec import FeatureSpec
 
 
 class UnknownFeatureError(KeyError):
@@ -167,7 +163,7 @@ class FeatureRegistry:
         """The feature -> axes -> placement table, one line per feature."""
         rows = [f"{'feature':<28} {'axes':<34} {'placement (cp0, cp1)':<26} notes"]
         for s in self.specs():
-            axes = "[" + ", ".join(a or "-" for a in s.axes) + "]"
+            axes = "[" + ", ".join(a.name if a is not None else "-" for a in s.axes) + "]"
             placement = ", ".join(
                 type(p).__name__ + (f"({p.dim})" if hasattr(p, "dim") else "") for p in s.placements
             )
@@ -179,13 +175,21 @@ class FeatureRegistry:
             rows.append(f"{s.name:<28} {axes:<34} {placement:<26} {', '.join(notes)}")
         return "\n".join(rows)
 
-    def uses_layout(self, names: Iterable[str]) -> set[str]:
-        """Layout axes (tokens, atoms, rset) that the named features carry."""
-        used: set[str] = set()
+    def uses_layout(self, names: Iterable[str]) -> set[Axis]:
+        """Layout axes (tokens, atoms, rset) that the named features carry or index.
+
+        With every axis whose row blocks those follow (atoms follow their tokens).
+        """
+        used: set[Axis] = set()
         for name in names:
-            used.update(a for a in self[name].axes if a in LAYOUT_AXES)
-            if self[name].index_of == ATOMS:
-                used.add(ATOMS)
-        if ATOMS in used:
-            used.add(TOKENS)
+            spec = self[name]
+            used.update(a for a in spec.axes if a is not None and a.layout)
+            if spec.index_axis is not None:
+                used.add(spec.index_axis)
+        pending = list(used)
+        while pending:
+            follows = pending.pop().follows
+            if follows is not None and follows not in used:
+                used.add(axis_of(follows))
+                pending.append(axis_of(follows))
         return used

@@ -9,27 +9,28 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Placement, Replicate, Shard
 
-TOKENS = "tokens"
-"""Token axis (length N): row blocks over ``cp0``; a second token axis uses ``cp1`` blocks."""
-ATOMS = "atoms"
-"""Atom axis (length A): each rank holds exactly the atoms of its row-block tokens."""
-MSA = "msa"
-"""MSA depth (length S): split over ``cp0`` when followed by a token axis."""
-ENSEMBLE = "ensemble"
-"""Conformer ensemble (E or K): never sharded."""
-TEMPLATES = "templates"
-"""Templates (T): never sharded."""
-RSET = "rset"
-"""Rows that each belong to one token (``r_set_to_rep_atom``): they follow their tokens."""
+from physicsnemo_foldcp.features.axes import (
+    ATOMS,
+    AXES,
+    ENSEMBLE,
+    MSA,
+    RSET,
+    TEMPLATES,
+    TOKENS,
+    Axis,
+    find_axis,
+    registered_axis,
+)
 
-AXES: frozenset[str] = frozenset({TOKENS, ATOMS, MSA, ENSEMBLE, TEMPLATES, RSET})
-"""Every axis meaning a :class:`FeatureSpec` may use (``None`` marks a free axis)."""
+OTHER_INDEX_TARGETS: frozenset[str] = frozenset({"chains"})
+"""What the VALUES of an index-valued feature may point into besides an axis whose
+:attr:`~physicsnemo_foldcp.features.axes.Axis.index_target` is set (chain ids are kept)."""
 
-LAYOUT_AXES: tuple[str, ...] = (TOKENS, ATOMS, RSET)
-"""Axes whose layout the sharding plan changes (row blocks, per-shard padding)."""
 
-INDEX_TARGETS: frozenset[str] = frozenset({ATOMS, TOKENS, ENSEMBLE, "chains"})
-"""What the VALUES of an index-valued feature may point into."""
+def index_targets() -> list[str]:
+    """Every name ``FeatureSpec.index_of`` accepts, sorted."""
+    return sorted({a.name for a in AXES.values() if a.index_target} | OTHER_INDEX_TARGETS)
+
 
 SHARD = "shard"
 """Mode: sharded over the domain mesh at the placement derived from its axes."""
@@ -74,17 +75,20 @@ class FeatureSpec:
     ----------
     name : str
         Feature key, as the featurizer emits it.
-    axes : tuple of (str or None)
-        Meaning of every axis of the unbatched feature: one of :data:`AXES`, or ``None``
-        for channels and other free axes. ``("tokens", "tokens", None)`` is a pair feature.
+    axes : tuple of (str, Axis or None)
+        Meaning of every axis of the unbatched feature: the name of one of :data:`AXES` (or
+        the :class:`~physicsnemo_foldcp.features.axes.Axis` itself), or ``None`` for channels
+        and other free axes. ``("tokens", "tokens", None)`` is a pair feature. Stored as the
+        :class:`~physicsnemo_foldcp.features.axes.Axis` objects, which compare equal to
+        their names.
     pad_value : bool, int or float, default 0
         Value written at pad positions (per-shard and cross-axis padding).
     dtypes : tuple of torch.dtype, optional
         Accepted dtypes; ``None`` accepts any.
     index_of : str, optional
-        The VALUES index this axis (one of :data:`INDEX_TARGETS`): atom indices are
-        remapped into the sharded atom layout and back; ensemble and chain indices are
-        only range-checked (ensemble) or kept (chains).
+        The VALUES index this axis (one of :func:`index_targets`): indices into a layout
+        axis (atoms, tokens; :attr:`index_axis`) are range-checked and remapped into its
+        padded layout and back; ensemble and chain indices are kept.
     one_hot : bool, default False
         The feature is a 0/1 incidence map between its first two axes (atom<->token maps).
     mode : str, default "shard"
@@ -94,7 +98,7 @@ class FeatureSpec:
     """
 
     name: str
-    axes: tuple[str | None, ...]
+    axes: tuple[Axis | None, ...]
     pad_value: bool | int | float = 0
     dtypes: tuple[torch.dtype, ...] | None = None
     index_of: str | None = None
@@ -104,21 +108,23 @@ class FeatureSpec:
     _placements: tuple[Placement, Placement] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "axes", tuple(self.axes))
         if self.dtypes is not None:
             object.__setattr__(self, "dtypes", tuple(dtype_from_name(d) for d in self.dtypes))
         where = f"feature {self.name!r}"
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"feature name must be a non-empty string, got {self.name!r}")
-        bad_axes = [a for a in self.axes if a is not None and a not in AXES]
+        written = tuple(self.axes)
+        axes = tuple(None if a is None else registered_axis(a) for a in written)
+        bad_axes = [a for a, axis in zip(written, axes) if a is not None and axis is None]
         if bad_axes:
             raise ValueError(f"{where}: unknown axis meaning(s) {bad_axes}; use {sorted(AXES)}")
+        object.__setattr__(self, "axes", axes)
+        if self.index_of is not None:
+            object.__setattr__(self, "index_of", str(self.index_of))
         if self.mode not in MODES:
             raise ValueError(f"{where}: mode {self.mode!r} is not one of {sorted(MODES)}")
-        if self.index_of is not None and self.index_of not in INDEX_TARGETS:
-            raise ValueError(
-                f"{where}: index_of={self.index_of!r} is not one of {sorted(INDEX_TARGETS)}"
-            )
+        if self.index_of is not None and self.index_of not in index_targets():
+            raise ValueError(f"{where}: index_of={self.index_of!r} is not one of {index_targets()}")
         if self.index_of is not None and self.dtypes is not None:
             floating = [d for d in self.dtypes if d.is_floating_point or d == torch.bool]
             if floating:
@@ -128,20 +134,21 @@ class FeatureSpec:
         object.__setattr__(self, "_placements", self._derive_placements())
 
     def _derive_placements(self) -> tuple[Placement, Placement]:
-        """Placement rules over ``(cp0, cp1)`` (design decision 2)."""
+        """Placement rules over ``(cp0, cp1)`` (design decision 2), asked of the first axis.
+
+        Its :meth:`~physicsnemo_foldcp.features.axes.Axis.lead_placements`: a pair (tokens,
+        tokens) or an MSA (msa, tokens) is a tile ``(Shard(0), Shard(1))``; a leading
+        tokens, atoms or rset axis is split in row blocks ``(Shard(0), Replicate())``; an
+        ensemble or template stack splits its token or atom axis ``(Shard(1), Replicate())``.
+        """
         if self.mode != SHARD:
             return (Replicate(), Replicate())
         axes = self.axes
         first = axes[0] if axes else None
         second = axes[1] if len(axes) > 1 else None
-        if first == TOKENS and second == TOKENS:
-            return (Shard(0), Shard(1))  # pair: the square tile
-        if first == MSA and second == TOKENS:
-            return (Shard(0), Shard(1))  # MSA rows on cp0, token columns on cp1
-        if first in (TOKENS, ATOMS, RSET):
-            return (Shard(0), Replicate())  # leading token/atom axis: row blocks
-        if first in (ENSEMBLE, TEMPLATES) and second in (TOKENS, ATOMS):
-            return (Shard(1), Replicate())  # ensemble/template-leading: rows of axis 1
+        placements = first.lead_placements(second) if first is not None else None
+        if placements is not None:
+            return placements
         raise ValueError(
             f"feature {self.name!r} with axes {axes} has no sharded placement: a sharded "
             "feature must lead with tokens, atoms or rset (or msa/ensemble/templates "
@@ -166,13 +173,20 @@ class FeatureSpec:
         """``{mesh_dim: tensor_axis}`` for every mesh dim that shards this feature."""
         return {m: p.dim for m, p in enumerate(self._placements) if isinstance(p, Shard)}
 
-    def axes_of(self, meaning: str) -> list[int]:
+    @property
+    def index_axis(self) -> Axis | None:
+        """The layout axis its VALUES index (range-checked and remapped), else ``None``."""
+        target = find_axis(self.index_of)
+        return target if target is not None and target.layout else None
+
+    def axes_of(self, meaning: str | Axis) -> list[int]:
         """Positions of the axes with this meaning."""
         return [i for i, a in enumerate(self.axes) if a == meaning]
 
     def to_config(self) -> dict[str, Any]:
         """Plain-data form, the inverse of :meth:`from_config`."""
-        out: dict[str, Any] = {"axes": list(self.axes), "pad_value": self.pad_value}
+        axes = [None if a is None else a.name for a in self.axes]
+        out: dict[str, Any] = {"axes": axes, "pad_value": self.pad_value}
         if self.dtypes is not None:
             out["dtypes"] = [str(d).removeprefix("torch.") for d in self.dtypes]
         for key in ("index_of", "description"):
@@ -217,3 +231,23 @@ class FeatureSpec:
             mode=config.get("mode", SHARD),
             description=config.get("description", ""),
         )
+
+
+__all__ = [
+    "ATOMS",
+    "AXES",
+    "ENSEMBLE",
+    "MODES",
+    "MSA",
+    "OTHER_INDEX_TARGETS",
+    "PASSTHROUGH",
+    "REPLICATE",
+    "RSET",
+    "SHARD",
+    "TEMPLATES",
+    "TOKENS",
+    "Axis",
+    "FeatureSpec",
+    "dtype_from_name",
+    "index_targets",
+]

@@ -23,7 +23,7 @@ from physicsnemo_foldcp.core.blocks import ROWS, MapLayoutError, coordinate, mes
 from physicsnemo_foldcp.core.compat import global_shape, local_tensor
 from physicsnemo_foldcp.core.tags import MapTag
 from physicsnemo_foldcp.core.tensor import wrap
-from physicsnemo_foldcp.features.spec import LAYOUT_AXES
+from physicsnemo_foldcp.features.axes import is_layout
 
 
 def dense_block_problem(
@@ -103,13 +103,13 @@ def tag_maps(features: Any, *, validated: bool = False) -> Any:
         if not spec.one_hot or not isinstance(value, ShardTensor):
             continue
         rows_axis, columns_axis = spec.axes
-        if rows_axis not in LAYOUT_AXES or columns_axis not in LAYOUT_AXES:
+        if not (is_layout(rows_axis) and is_layout(columns_axis)):
             continue
         shape = global_shape(value)
         layout = "dense" if len(shape) == batch + 2 else "index"
         tag = MapTag(
             name=name,
-            axes=(rows_axis, columns_axis),
+            axes=(str(rows_axis), str(columns_axis)),
             layout=layout,
             sharded_dim=batch,
             block_dim=batch + 1 if layout == "dense" else None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from physicsnemo_foldcp.features.spec import LAYOUT_AXES, PASSTHROUGH, FeatureSpec
+from physicsnemo_foldcp.features.spec import PASSTHROUGH, FeatureSpec
 from physicsnemo_foldcp.sharding.options import MAP_LAYOUTS
 from physicsnemo_foldcp.sharding.plan import ShardingPlan
 from physicsnemo_foldcp.sharding.validation import binary_rows
@@ -63,10 +63,10 @@ def pad_map_index(plan: ShardingPlan, spec: FeatureSpec, index: torch.Tensor) ->
         (inserted rows hold -1).
     """
     rows_axis, columns_axis = spec.axes
-    if columns_axis in LAYOUT_AXES and plan.has_padding(columns_axis):
+    if plan.has_padding(columns_axis):
         positions = plan.positions(columns_axis).to(index.device)
         index = torch.where(index >= 0, positions[index.clamp(min=0)], -1)
-    if rows_axis in LAYOUT_AXES and plan.has_padding(rows_axis):
+    if plan.has_padding(rows_axis):
         index = plan.to_padded(index, (rows_axis,), -1)
     return index
 

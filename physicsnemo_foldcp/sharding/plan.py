@@ -27,15 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from physicsnemo_foldcp.features.spec import (
-    ATOMS,
-    LAYOUT_AXES,
-    MSA,
-    PASSTHROUGH,
-    RSET,
-    TOKENS,
-    FeatureSpec,
-)
+from physicsnemo_foldcp.features.axes import ATOMS, EVEN, MSA, TOKENS, Axis, find_axis, is_layout
+from physicsnemo_foldcp.features.spec import PASSTHROUGH, FeatureSpec
 from physicsnemo_foldcp.sharding.options import positive_int
 from physicsnemo_foldcp.sharding.validation import FeatureValidationError
 
@@ -161,7 +154,7 @@ def check_token_bounds(bounds: Sequence[int], cp0: int, n_tokens: int) -> tuple[
     return out
 
 
-def _dim_axes(spec: FeatureSpec, ndim: int) -> list[str | None]:
+def _dim_axes(spec: FeatureSpec, ndim: int) -> list[Axis | None]:
     """Axis meaning of every dim of a feature in the padded layout.
 
     ``None`` where the plan does not lay the dim out (a passed-through feature keeps its
@@ -188,8 +181,9 @@ class ShardingPlan:
         last block also holds trailing atoms that belong to no token: serial pad atoms).
     rset_bounds : tuple[int, ...] or None
         ``cp0 + 1`` boundaries of the rows of ``rset`` features (rows follow their token).
-    msa_rows : int or None
-        MSA depth S, split over ``cp0`` in :func:`msa_row_sizes` blocks.
+    even_lengths : tuple[tuple[str, int], ...]
+        ``(axis name, length)`` of every axis of the sample whose block rule is ``"even"``
+        (the MSA depth S), each split over ``cp0`` in :func:`msa_row_sizes` blocks.
     token_multiple : int
         Each row block's token count is padded up to a multiple of this.
     atom_multiple : int
@@ -200,7 +194,7 @@ class ShardingPlan:
     token_bounds: tuple[int, ...]
     atom_bounds: tuple[int, ...]
     rset_bounds: tuple[int, ...] | None = None
-    msa_rows: int | None = None
+    even_lengths: tuple[tuple[str, int], ...] = ()
     token_multiple: int = 1
     atom_multiple: int = 1
 
@@ -216,27 +210,37 @@ class ShardingPlan:
         """Serial atom count A."""
         return self.atom_bounds[-1]
 
-    def _serial_bounds(self, axis: str) -> tuple[int, ...]:
-        if axis == TOKENS:
-            return self.token_bounds
-        if axis == ATOMS:
-            return self.atom_bounds
-        if axis == RSET:
-            if self.rset_bounds is None:
-                raise FeatureValidationError("the plan has no rset axis (no r_set feature)")
-            return self.rset_bounds
-        raise ValueError(f"axis {axis!r} has no row blocks")
+    @property
+    def msa_rows(self) -> int | None:
+        """MSA depth S, or ``None`` when the sample has no MSA."""
+        return dict(self.even_lengths).get(MSA.name)
 
-    def _multiple(self, axis: str) -> int:
-        return {TOKENS: self.token_multiple, ATOMS: self.atom_multiple}.get(axis, 1)
+    def _serial_bounds(self, axis: str | Axis) -> tuple[int, ...]:
+        meaning = find_axis(axis)
+        if meaning is None or not meaning.layout:
+            raise ValueError(f"axis {axis!r} has no row blocks")
+        bounds = getattr(self, meaning.bounds)
+        if bounds is None:
+            raise FeatureValidationError(
+                f"the plan has no {meaning.name} axis ({meaning.missing()})"
+            )
+        return bounds
 
-    def row_sizes(self, axis: str) -> list[int]:
-        """Padded local length of ``axis`` on each ``cp0`` row block."""
-        if axis == MSA:
-            if self.msa_rows is None:
-                raise FeatureValidationError("the plan has no msa axis (no MSA feature)")
-            return msa_row_sizes(self.msa_rows, self.cp[0])
-        b, m = self._serial_bounds(axis), self._multiple(axis)
+    def _multiple(self, axis: Axis) -> int:
+        return getattr(self, axis.multiple) if axis.multiple is not None else 1
+
+    def row_sizes(self, axis: str | Axis) -> list[int]:
+        """Padded local length of ``axis`` on each ``cp0`` row block (its block rule)."""
+        meaning = find_axis(axis)
+        if meaning is not None and meaning.blocks == EVEN:
+            length = dict(self.even_lengths).get(meaning.name)
+            if length is None:
+                raise FeatureValidationError(
+                    f"the plan has no {meaning.name} axis ({meaning.missing()})"
+                )
+            return msa_row_sizes(length, self.cp[0])
+        b = self._serial_bounds(axis)
+        m = self._multiple(meaning)
         return [_round_up(b[i + 1] - b[i], m) for i in range(self.cp[0])]
 
     def padded_length(self, axis: str) -> int:
@@ -252,13 +256,18 @@ class ShardingPlan:
         """
         return column_block_sizes(self.row_sizes(TOKENS), self.cp[1])
 
-    def sizes(self, axis: str, mesh_dim: int) -> list[int]:
-        """Local lengths of ``axis`` over the blocks of ``mesh_dim`` (0: cp0, 1: cp1)."""
+    def sizes(self, axis: str | Axis, mesh_dim: int) -> list[int]:
+        """Local lengths of ``axis`` over the blocks of ``mesh_dim`` (0: cp0, 1: cp1).
+
+        Over ``cp1`` only an axis with column blocks (the token axis) is split:
+        :func:`column_block_sizes` of its row blocks.
+        """
         if mesh_dim == 0:
             return self.row_sizes(axis)
-        if axis != TOKENS:
+        meaning = find_axis(axis)
+        if meaning is None or not meaning.columns:
             raise ValueError(f"only the token axis is split over cp1, not {axis!r}")
-        return self.column_sizes()
+        return column_block_sizes(self.row_sizes(meaning), self.cp[1])
 
     def block(self, axis: str, mesh_dim: int, index: int) -> tuple[int, int]:
         """``(start, stop)`` of block ``index`` of ``axis`` over ``mesh_dim``, padded layout."""
@@ -278,7 +287,7 @@ class ShardingPlan:
     # -- one feature's block on one rank ------------------------------------------------
 
     def layout_runs(
-        self, axis: str | None, start: int, stop: int
+        self, axis: str | Axis | None, start: int, stop: int
     ) -> tuple[list[RealRun], list[PadRun]]:
         """Real and pad runs of the padded positions ``[start, stop)`` of one axis.
 
@@ -296,7 +305,7 @@ class ShardingPlan:
             ``(local offset, length)`` of every run of inserted pads, offsets from
             ``start``, in order. Together they tile ``[0, stop - start)``.
         """
-        if axis not in LAYOUT_AXES or not self.has_padding(axis):
+        if not self.has_padding(axis):
             return ([(0, start, stop - start)] if stop > start else []), []
         real: list[RealRun] = []
         pads: list[PadRun] = []
@@ -313,7 +322,7 @@ class ShardingPlan:
             row_start += size
         return real, pads
 
-    def real_count(self, axis: str | None, start: int, stop: int) -> int:
+    def real_count(self, axis: str | Axis | None, start: int, stop: int) -> int:
         """Positions of ``[start, stop)`` of ``axis`` (padded layout) that are not pads."""
         return sum(length for _, _, length in self.layout_runs(axis, start, stop)[0])
 
@@ -328,7 +337,7 @@ class ShardingPlan:
             Its unbatched serial shape.
         """
         return tuple(
-            self.padded_length(axis) if axis in LAYOUT_AXES and self.has_padding(axis) else int(n)
+            self.padded_length(axis) if self.has_padding(axis) else int(n)
             for axis, n in zip(_dim_axes(spec, len(shape)), shape)
         )
 
@@ -447,9 +456,13 @@ class ShardingPlan:
 
     # -- layout maps --------------------------------------------------------------------
 
-    def has_padding(self, axis: str) -> bool:
-        """Whether the padded layout of ``axis`` differs from the serial one."""
-        if axis not in LAYOUT_AXES:
+    def has_padding(self, axis: str | Axis | None) -> bool:
+        """Whether the padded layout of ``axis`` differs from the serial one.
+
+        Only a layout axis (:attr:`~physicsnemo_foldcp.features.axes.Axis.layout`) is ever
+        padded; any other meaning (or ``None``) is not.
+        """
+        if not is_layout(axis):
             return False
         return self.padded_length(axis) != self._serial_bounds(axis)[-1]
 
@@ -470,7 +483,10 @@ class ShardingPlan:
         return mask
 
     def to_padded(
-        self, tensor: torch.Tensor, axes: Sequence[str | None], pad_value: float | int | bool
+        self,
+        tensor: torch.Tensor,
+        axes: Sequence[str | Axis | None],
+        pad_value: float | int | bool,
     ) -> torch.Tensor:
         """Serial layout -> padded layout along every tokens/atoms/rset axis of ``tensor``.
 
@@ -478,25 +494,25 @@ class ShardingPlan:
         ----------
         tensor : torch.Tensor
             An unbatched feature in the serial layout.
-        axes : sequence of str or None
+        axes : sequence of (str, Axis or None)
             Its axis meanings (``FeatureSpec.axes``).
         pad_value : bool, int or float
             Value written at the inserted positions.
         """
         out = tensor
         for dim, axis in enumerate(axes):
-            if axis in LAYOUT_AXES and self.has_padding(axis):
+            if self.has_padding(axis):
                 shape = list(out.shape)
                 shape[dim] = self.padded_length(axis)
                 grown = torch.full(shape, pad_value, dtype=out.dtype, device=out.device)
                 out = grown.index_copy_(dim, self.positions(axis).to(out.device), out)
         return out
 
-    def from_padded(self, tensor: torch.Tensor, axes: Sequence[str | None]) -> torch.Tensor:
+    def from_padded(self, tensor: torch.Tensor, axes: Sequence[str | Axis | None]) -> torch.Tensor:
         """Padded layout -> serial layout (drops the positions the plan inserted)."""
         out = tensor
         for dim, axis in enumerate(axes):
-            if axis in LAYOUT_AXES and self.has_padding(axis):
+            if self.has_padding(axis):
                 out = out.index_select(dim, self.positions(axis).to(out.device))
         return out
 
@@ -611,7 +627,8 @@ def build_plan(
     ----------
     lengths : Mapping[str, int]
         Length of every axis meaning the sample uses (``tokens`` required; ``atoms``,
-        ``msa``, ``rset`` when present).
+        ``msa``, ``rset`` when present). The length of every axis with the ``"even"`` block
+        rule (``msa``) is kept in the plan; names no axis has are ignored.
     cp : tuple[int, int]
         ``(cp0, cp1)``.
     atom_tokens : torch.Tensor, optional
@@ -645,12 +662,18 @@ def build_plan(
     rset_bounds = None
     if rset_rows is not None and atom_tokens is not None:
         rset_bounds = _rset_bounds(*rset_rows, token_bounds)
+    meanings = {name: find_axis(name) for name in lengths}
+    even_lengths = sorted(
+        (axis.name, int(lengths[name]))
+        for name, axis in meanings.items()
+        if axis is not None and axis.blocks == EVEN
+    )
     return ShardingPlan(
         cp=(int(cp[0]), int(cp[1])),
         token_bounds=token_bounds,
         atom_bounds=atom_bounds,
         rset_bounds=rset_bounds,
-        msa_rows=int(lengths[MSA]) if MSA in lengths else None,
+        even_lengths=tuple(even_lengths),
         token_multiple=token_multiple,
         atom_multiple=atom_multiple,
     )

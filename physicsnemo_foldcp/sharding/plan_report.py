@@ -10,10 +10,10 @@ atoms, pair elements and bytes across ranks. :func:`draw_plan` draws the partiti
 process group is needed. The command line is
 :mod:`physicsnemo_foldcp.cli.plan_report`.
 
-Feature groups (by the registry's axis meanings, first match wins): ``pair`` (two token
-axes), ``msa`` (an MSA axis), ``atom`` (an atoms or rset axis: atom features, coordinates,
-atom<->token maps), ``token`` (a token axis), ``other`` (everything else: replicated lists
-and passed-through tensors, held whole by every rank).
+Feature groups (by the ``group`` of the registry's axis meanings, first match wins):
+``pair`` (two token axes), ``msa`` (an MSA axis), ``atom`` (an atoms or rset axis: atom
+features, coordinates, atom<->token maps), ``token`` (a token axis), ``other`` (everything
+else: replicated lists and passed-through tensors, held whole by every rank).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
+from physicsnemo_foldcp.features.axes import ATOMS, TOKENS, Axis, find_axis
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.features.spec import ATOMS, MSA, RSET, TOKENS
 from physicsnemo_foldcp.sharding.balance import PlanCost, atoms_per_token, plan_cost
 from physicsnemo_foldcp.sharding.options import ShardingOptions, options_or_defaults
 from physicsnemo_foldcp.sharding.plan import Coordinate, ShardingPlan, even_token_bounds
@@ -38,17 +38,16 @@ GROUPS = ("token", "pair", "atom", "msa", "other")
 """Feature groups of the report, in print order."""
 
 
-def feature_group(axes: Sequence[str | None]) -> str:
+_GROUP_ORDER = ("msa", "atom", "token")
+"""Axis groups in the order they claim a feature, after ``pair`` (two token-group axes)."""
+
+
+def feature_group(axes: Sequence[str | Axis | None]) -> str:
     """Group of a feature from its registry axes (see the module docstring)."""
-    if sum(a == TOKENS for a in axes) >= 2:
+    groups = [axis.group for axis in map(find_axis, axes) if axis is not None]
+    if groups.count("token") >= 2:
         return "pair"
-    if MSA in axes:
-        return "msa"
-    if ATOMS in axes or RSET in axes:
-        return "atom"
-    if TOKENS in axes:
-        return "token"
-    return "other"
+    return next((g for g in _GROUP_ORDER if g in groups), "other")
 
 
 @dataclass(frozen=True)

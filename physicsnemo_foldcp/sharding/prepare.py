@@ -130,14 +130,14 @@ def _lay_out(
     Index values are checked and remapped into the padded layout; an ``"index"``-layout
     map is converted (and is then already in the padded layout).
     """
-    if spec.index_of in (ATOMS, TOKENS):
-        if spec.index_of not in lengths:
+    target = spec.index_axis  # indices into a layout axis: checked, then remapped
+    if target is not None:
+        if target not in lengths:
             raise FeatureValidationError(
-                f"feature {name!r} holds {spec.index_of} indices but the sample has no "
-                f"{spec.index_of} axis"
+                f"feature {name!r} holds {target} indices but the sample has no {target} axis"
             )
-        check_index_range(name, t, spec.index_of, lengths[spec.index_of])
-        t = plan.remap_index_values(t, spec.index_of)
+        check_index_range(name, t, target, lengths[target])
+        t = plan.remap_index_values(t, target)
     if spec.one_hot and map_layout == "index":
         compact = padded_index_map(plan, spec, t, index)
         return compact, tuple(int(n) for n in compact.shape), t.dtype, None

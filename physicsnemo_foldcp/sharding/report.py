@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from physicsnemo.domain_parallel import ShardTensor
 
-from physicsnemo_foldcp.features.spec import ATOMS, LAYOUT_AXES, PASSTHROUGH, REPLICATE, TOKENS
+from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, REPLICATE, TOKENS
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures
 
 
@@ -192,11 +192,7 @@ def _local_findings(sharded: ShardedFeatures) -> list[str]:
         # Pad positions hold the pad value, so that masks are 0 there.
         if spec.mode != PASSTHROUGH:
             for dim, axis in enumerate(spec.axes):
-                if (
-                    axis in LAYOUT_AXES
-                    and plan.has_padding(axis)
-                    and spec.sharded_axes.get(0) == dim
-                ):
+                if plan.has_padding(axis) and spec.sharded_axes.get(0) == dim:
                     _, pad_runs = plan.layout_runs(axis, *plan.block(axis, 0, coord[0]))
                     pad_value = -1 if meta.compact_of is not None else spec.pad_value
                     if not all(

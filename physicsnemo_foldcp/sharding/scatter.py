@@ -43,7 +43,7 @@ from physicsnemo_foldcp.core.tensor import wrap
 from physicsnemo_foldcp.distributed.errors import ErrorPayload
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, TOKENS
+from physicsnemo_foldcp.features.spec import PASSTHROUGH
 from physicsnemo_foldcp.sharding.map_tags import tag_maps
 from physicsnemo_foldcp.sharding.maps import index_map_to_dense
 from physicsnemo_foldcp.sharding.options import METHODS, ShardingOptions, options_or_defaults
@@ -473,8 +473,8 @@ def gather_features(sharded: ShardedFeatures) -> dict[str, Any]:
             full = index_map_to_dense(full, plan.padded_length(spec.axes[1]), f.compact_of)
         if spec.mode != PASSTHROUGH:
             full = plan.from_padded(full, spec.axes)
-        if spec.index_of in (ATOMS, TOKENS):
-            full = plan.unmap_index_values(full, spec.index_of)
+        if spec.index_axis is not None:
+            full = plan.unmap_index_values(full, spec.index_axis)
         for dim, length in enumerate(f.serial_shape):
             if full.shape[dim] != length:
                 full = full.narrow(dim, 0, length)

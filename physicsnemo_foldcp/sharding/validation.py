@@ -14,11 +14,9 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from physicsnemo_foldcp.features.axes import TOKENS, Axis
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.features.spec import ATOMS, MSA, PASSTHROUGH, RSET, TOKENS, FeatureSpec
-
-CHECKED_AXES = (TOKENS, ATOMS, MSA, RSET)
-"""Axis meanings whose lengths must agree across features (they are sharded)."""
+from physicsnemo_foldcp.features.spec import PASSTHROUGH, FeatureSpec
 
 
 class FeatureValidationError(ValueError):
@@ -123,8 +121,12 @@ def _length_listing(entries: list[tuple[str, int, int]]) -> str:
 
 def axis_lengths(
     tensors: Mapping[str, torch.Tensor], registry: FeatureRegistry, align: bool
-) -> dict[str, int]:
-    """One length per sharded axis meaning; raises when features disagree (unless aligning).
+) -> dict[Axis, int]:
+    """One length per split axis meaning; raises when features disagree (unless aligning).
+
+    Every axis whose meaning is split over the mesh
+    (:attr:`~physicsnemo_foldcp.features.axes.Axis.split`: tokens, atoms, msa, rset) must
+    have one length in the sample; the others (ensemble, templates) may differ.
 
     Parameters
     ----------
@@ -137,10 +139,10 @@ def axis_lengths(
 
     Returns
     -------
-    dict[str, int]
-        Length of every meaning of :data:`CHECKED_AXES` the sample uses.
+    dict[Axis, int]
+        Length of every split meaning the sample uses (an Axis is looked up by its name).
     """
-    seen: dict[str, list[tuple[str, int, int]]] = {}
+    seen: dict[Axis, list[tuple[str, int, int]]] = {}
     for name, t in tensors.items():
         spec = registry[name]
         if spec.mode == PASSTHROUGH:
@@ -152,7 +154,7 @@ def axis_lengths(
                 f"{t.shape[pair[0]]} and {t.shape[pair[1]]} (shape {tuple(t.shape)})"
             )
         for dim, axis in enumerate(spec.axes):
-            if axis in CHECKED_AXES:
+            if axis is not None and axis.split:
                 seen.setdefault(axis, []).append((name, dim, int(t.shape[dim])))
     lengths = {}
     for axis, entries in seen.items():
@@ -168,7 +170,7 @@ def axis_lengths(
 
 
 def align_to_lengths(
-    t: torch.Tensor, spec: FeatureSpec, lengths: Mapping[str, int]
+    t: torch.Tensor, spec: FeatureSpec, lengths: Mapping[Axis, int]
 ) -> torch.Tensor:
     """Pad every checked axis of ``t`` at its end (with the pad value) to the common length."""
     for dim, axis in enumerate(spec.axes):
@@ -179,7 +181,9 @@ def align_to_lengths(
     return t
 
 
-def find_map(registry: FeatureRegistry, names: Iterable[str], axes: tuple[str, str]) -> str | None:
+def find_map(
+    registry: FeatureRegistry, names: Iterable[str], axes: tuple[str | Axis, str | Axis]
+) -> str | None:
     """The first (sorted) one-hot map among ``names`` with these axes, or ``None``."""
     for name in sorted(names):
         spec = registry[name]
@@ -188,7 +192,7 @@ def find_map(registry: FeatureRegistry, names: Iterable[str], axes: tuple[str, s
     return None
 
 
-def check_index_range(name: str, t: torch.Tensor, target: str, length: int) -> None:
+def check_index_range(name: str, t: torch.Tensor, target: str | Axis, length: int) -> None:
     """Raise unless every value of index feature ``name`` lies in ``[0, length)``."""
     if t.numel() == 0:
         return
@@ -395,7 +399,6 @@ def check_map_within_tokens(
 
 
 __all__ = [
-    "CHECKED_AXES",
     "FeatureValidationError",
     "align_to_lengths",
     "atom_tokens_from_map",

@@ -3,6 +3,11 @@
 Unlike :func:`physicsnemo_foldcp.data.synthetic.make_complex`, which mimics real
 chemistry, these samples stress the layout: any atom count per token (including tokens
 with none), trailing pad atoms, any MSA depth and conformer count, any float dtype.
+
+The length of each axis is the size its :class:`~physicsnemo_foldcp.features.axes.Axis`
+names (``sample_size``, :meth:`RandomSampleSpec.length`), so a feature of a new axis
+meaning is drawn by :func:`random_feature` (``random_sample(..., registry=...)``) with no
+change here.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from physicsnemo_foldcp.features.axes import Axis, axis_of
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.features.spec import (
     ATOMS,
@@ -64,6 +70,8 @@ class RandomSampleSpec:
         Dtype of the floating-point features.
     channels : int
         Size of the free axes.
+    sizes : tuple of (str, int)
+        Further sizes by name, for axes whose ``sample_size`` names none of the above.
     """
 
     atoms_per_token: tuple[int, ...]
@@ -73,9 +81,71 @@ class RandomSampleSpec:
     templates: int = 1
     float_dtype: torch.dtype = torch.float32
     channels: int = 3
+    sizes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def n_tokens(self) -> int:
+        """N: one token per entry of ``atoms_per_token``."""
+        return len(self.atoms_per_token)
+
+    @property
+    def n_atoms(self) -> int:
+        """A: every token's atoms, then the trailing pad atoms."""
+        return sum(self.atoms_per_token) + self.trailing_pad_atoms
+
+    @property
+    def rset_rows(self) -> int:
+        """R: one row per token that has an atom."""
+        return sum(1 for c in self.atoms_per_token if c > 0)
+
+    def length(self, axis: str | Axis) -> int:
+        """Length of ``axis`` in the sample: the size its ``Axis.sample_size`` names.
+
+        A field or property of this object, else an entry of :attr:`sizes`; 1 when the axis
+        names no size or the size is not given.
+        """
+        key = axis_of(axis).sample_size
+        if key is None:
+            return 1
+        return int(dict(self.sizes).get(key, getattr(self, key, 1)))
 
 
-def random_sample(spec: RandomSampleSpec, seed: int = 0) -> dict[str, torch.Tensor]:
+def random_feature(
+    feature: FeatureSpec, spec: RandomSampleSpec, g: torch.Generator
+) -> torch.Tensor:
+    """A random tensor of one registry feature, each axis of its length in ``spec``.
+
+    Free axes are ``spec.channels`` long. Index-valued features hold indices into their
+    target axis; otherwise floats are normal, bools True, integers in ``[0, 8)``. One-hot
+    maps relate the sample's own atoms and tokens and are not drawn here.
+
+    Parameters
+    ----------
+    feature : FeatureSpec
+        The feature (its axes, dtypes and ``index_of``).
+    spec : RandomSampleSpec
+        The sample's sizes and float dtype.
+    g : torch.Generator
+        The generator to draw from.
+    """
+    if feature.one_hot:
+        raise ValueError(f"{feature.name}: a one-hot map is not drawn at random")
+    shape = tuple(spec.channels if a is None else spec.length(a) for a in feature.axes)
+    if feature.index_of is not None:
+        dtype = feature.dtypes[0] if feature.dtypes else torch.int64
+        high = max(spec.length(feature.index_of), 1)
+        return torch.randint(0, high, shape, generator=g).to(dtype)
+    dtype = feature.dtypes[0] if feature.dtypes else spec.float_dtype
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=torch.bool)
+    return torch.randint(0, 8, shape, generator=g).to(dtype)
+
+
+def random_sample(
+    spec: RandomSampleSpec, seed: int = 0, registry: FeatureRegistry | None = None
+) -> dict[str, torch.Tensor]:
     """A sample of :func:`random_registry` features with the sizes of ``spec``.
 
     Parameters
@@ -84,6 +154,10 @@ def random_sample(spec: RandomSampleSpec, seed: int = 0) -> dict[str, torch.Tens
         Sizes and dtype.
     seed : int
         Seed of a local generator (the result is deterministic).
+    registry : FeatureRegistry, optional
+        Also draw every feature of this registry that :func:`random_registry` lacks
+        (:func:`random_feature`, in sorted order after the others, so that those stay the
+        same), e.g. a feature of a new axis meaning.
 
     Returns
     -------
@@ -97,9 +171,9 @@ def random_sample(spec: RandomSampleSpec, seed: int = 0) -> dict[str, torch.Tens
     """
     g = torch.Generator().manual_seed(seed)
     counts = torch.tensor(spec.atoms_per_token, dtype=torch.long)
-    n = len(counts)
+    n = spec.length(TOKENS)
     real_atoms = int(counts.sum())
-    a = real_atoms + spec.trailing_pad_atoms
+    a = spec.length(ATOMS)
     if a == 0:
         raise ValueError("a random sample needs at least one atom")
     c, fdt = spec.channels, spec.float_dtype
@@ -114,7 +188,8 @@ def random_sample(spec: RandomSampleSpec, seed: int = 0) -> dict[str, torch.Tens
     rep[has_atoms.nonzero().flatten(), picked[has_atoms]] = 1
     rset = rep[has_atoms]
     atom_mask = torch.cat([torch.ones(real_atoms), torch.zeros(spec.trailing_pad_atoms)])
-    return {
+    msa, conformers, templates = (spec.length(x) for x in (MSA, ENSEMBLE, TEMPLATES))
+    sample = {
         "single": torch.randn(n, c, generator=g).to(fdt),
         "token_mask": torch.ones(n, dtype=torch.bool),
         "pair": torch.randn(n, n, c, generator=g).to(fdt),
@@ -123,10 +198,14 @@ def random_sample(spec: RandomSampleSpec, seed: int = 0) -> dict[str, torch.Tens
         "atom_to_token": atom_to_token,
         "token_to_rep_atom": rep,
         "r_set_to_rep_atom": rset,
-        "msa": torch.randint(0, 33, (spec.msa_rows, n), generator=g, dtype=torch.int8),
-        "coords": torch.randn(spec.conformers, a, 3, generator=g).to(fdt),
-        "frames_idx": torch.randint(0, a, (spec.conformers, n, 3), generator=g),
-        "template_feat": torch.randn(spec.templates, n, generator=g).to(fdt),
+        "msa": torch.randint(0, 33, (msa, n), generator=g, dtype=torch.int8),
+        "coords": torch.randn(conformers, a, 3, generator=g).to(fdt),
+        "frames_idx": torch.randint(0, a, (conformers, n, 3), generator=g),
+        "template_feat": torch.randn(templates, n, generator=g).to(fdt),
         "atom_pairs": torch.randint(0, a, (2, 5), generator=g),
         "global_scalar": torch.tensor([float(seed)]),
     }
+    for name in registry or ():
+        if name not in sample:
+            sample[name] = random_feature(registry[name], spec, g)
+    return sample
