@@ -23,8 +23,10 @@ Communication per call: point to point among the ranks of one ``cp0`` column, fe
 ``W`` atoms per block boundary to cut the windows (and back for the transformer's
 output), ``(H - W) / 2`` halo atoms per side and per key set (the encoder's positions,
 mask, ids and embeddings; each transformer layer's normalised activations and mask), the
-same in backward; one all-reduce over ``cp0`` of the parameter gradients, and one small
-all-gather over ``cp0`` in the encoder that checks the padding.
+same in backward; one all-reduce over ``cp0`` of the parameter gradients. The encoder's
+padding check reads the plan (the pads in the ``atom_to_token`` map's tag): no
+communication, no host sync (for a sample that did not come from the scatter, one small
+all-gather over ``cp0`` of the mask's flags).
 
 Only the trunk's encoder runs here: an ``AtomEncoder`` with ``structure_prediction=True``
 (the diffusion module's, whose ``z_to_p`` reads the pair band) and a transformer call with
@@ -135,7 +137,7 @@ def atom_encoder(
     windows = AtomWindows.of(
         ref_pos, module.atoms_per_window_queries, module.atoms_per_window_keys, "ref_pos"
     )
-    windows.check_padding(feats["atom_pad_mask"])
+    windows.check_padding(feats["atom_pad_mask"], feats.get("atom_to_token"))
     with _no_autocast(ref_pos.device):
         call = submodule_caller(module, tile_parameters(module, ref_pos.device_mesh, (ROWS,)))
         c_local = call("embed_atom_features", local_of(_atom_features(module, feats)))

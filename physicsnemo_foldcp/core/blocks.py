@@ -16,6 +16,7 @@ Collectives are the functional collectives of :mod:`physicsnemo_foldcp.core.comp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -147,6 +148,16 @@ def coordinate(mesh: DeviceMesh) -> tuple[int, int]:
     """This rank's ``(i, j)`` on the 2-D domain mesh."""
     i, j = mesh.get_coordinate()
     return int(i), int(j)
+
+
+@functools.lru_cache(maxsize=64)
+def mesh_ranks(mesh: DeviceMesh) -> tuple[tuple[int, ...], ...]:
+    """Global rank of every ``(i, j)`` of the 2-D domain mesh: ``mesh_ranks(mesh)[i][j]``.
+
+    Python ints, read from ``mesh.mesh`` once per mesh (a handler that picks its peers per
+    call reads no tensor).
+    """
+    return tuple(tuple(int(r) for r in row) for row in mesh.mesh.tolist())
 
 
 def local_of(x: ShardTensor) -> torch.Tensor:

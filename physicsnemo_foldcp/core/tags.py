@@ -48,6 +48,10 @@ class MapTag:
     derived_by : str or None
         Set when an op the plugin cannot follow made this tensor from a map; such a tensor
         is still correct data, but the contraction handlers refuse it with a clear error.
+    row_pads : tuple[int, ...] or None
+        Positions the plan inserted at the end of each ``cp0`` block of the row axis
+        (per-shard padding; all zeros without it), so a handler knows the layout of the
+        row axis without reading a mask; ``None`` when not known.
     """
 
     name: str
@@ -58,6 +62,7 @@ class MapTag:
     block_sizes: tuple[int, ...]
     checked: bool = False
     derived_by: str | None = None
+    row_pads: tuple[int, ...] | None = None
 
     def transposed(self, dim0: int, dim1: int) -> MapTag:
         """The tag after swapping tensor dims ``dim0`` and ``dim1`` (the map's two axes)."""

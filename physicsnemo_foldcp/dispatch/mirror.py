@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from physicsnemo_foldcp.core.blocks import block_starts, coordinate, overlap
+from physicsnemo_foldcp.core.blocks import block_starts, coordinate, mesh_ranks, overlap
 
 
 def _span(a_sizes: Sequence[int], a: int, b_sizes: Sequence[int], b: int) -> tuple[int, int]:
@@ -48,8 +48,8 @@ def _exchange(
     Out: dim ``a`` in ``rows`` blocks (over cp0), dim ``b`` in ``columns`` blocks (over cp1).
     """
     p, q = coordinate(mesh)
-    ranks = mesh.mesh
-    me = int(ranks[p, q])
+    ranks = mesh_ranks(mesh)
+    me = ranks[p][q]
     out_shape = list(local.shape)
     out_shape[a], out_shape[b] = rows[p], columns[q]
     out = local.new_empty(out_shape)
@@ -58,7 +58,7 @@ def _exchange(
     sends, receives, ops = [], [], []
     for i in range(len(rows)):
         for j in range(len(columns)):
-            peer = int(ranks[i, j])
+            peer = ranks[i][j]
             # What this rank (p, q) sends to (i, j): y[C_q ∩ R_i, R_p ∩ C_j].
             sa, na = _span(columns, q, rows, i)
             sb, nb = _span(rows, p, columns, j)

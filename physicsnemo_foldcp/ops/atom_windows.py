@@ -36,6 +36,7 @@ the same on the ranks of one ``cp0`` row block.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,12 +51,13 @@ from physicsnemo_foldcp.core.blocks import (
     block_starts,
     coordinate,
     local_of,
+    mesh_ranks,
     mesh_sizes,
     rank_label,
     row_dim,
     row_shapes,
 )
-from physicsnemo_foldcp.core.tensor import FoldTensor, wrap
+from physicsnemo_foldcp.core.tensor import FoldTensor, map_tag, wrap
 from physicsnemo_foldcp.ops.row_routes import RouteRows, RowRoute, plan_route
 
 ATOM_DIM = 1
@@ -163,35 +165,21 @@ class AtomWindows:
 
     # -- routes ------------------------------------------------------------------------
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_routes", {})
-
     def _route(self, kind: str, device: torch.device) -> RowRoute:
-        """The route of a move (``"to_windows"``, ``"to_atoms"``, ``"keys"``), built once."""
-        key = (kind, device)
-        if key not in self._routes:
-            p, q = coordinate(self.mesh)
-            peers = [int(r) for r in self.mesh.mesh[:, q].tolist()]
-            a, w = self.atom_bounds, self.window_bounds
-            blocks = range(len(a) - 1)
-            if kind == "to_windows":
-                wanted = [torch.arange(w[t], w[t + 1]) for t in blocks]
-                in_sizes = self.atom_sizes
-            elif kind == "to_atoms":
-                wanted = [torch.arange(a[t], a[t + 1]) for t in blocks]
-                in_sizes = self.window_atom_sizes
-            else:
-                wanted = [self._key_rows(w[t], w[t + 1]) for t in blocks]
-                in_sizes = self.window_atom_sizes
-            self._routes[key] = plan_route(wanted, in_sizes, p, peers, device)
-        return self._routes[key]
+        """The route of a move (``"to_windows"``, ``"to_atoms"``, ``"keys"``).
 
-    def _key_rows(self, start: int, end: int) -> torch.Tensor:
+        Planned from the atom blocks (Python ints from the sharding shapes) once per
+        geometry and device, and shared by every call and every module with the same
+        windows (:func:`_window_route`).
+        """
+        return _window_route(self, kind, device)
+
+    def _key_rows(self, start: int, end: int) -> list[int]:
         """Atoms ``[start - h, end + h)`` (``-1`` outside ``[0, A)``), none for no window."""
         if end == start:
-            return torch.arange(0)
-        rows = torch.arange(start - self.halo, end + self.halo)
-        return torch.where((rows >= 0) & (rows < self.n_atoms), rows, -1)
+            return []
+        rows = range(start - self.halo, end + self.halo)
+        return [r if 0 <= r < self.n_atoms else -1 for r in rows]
 
     def _move(self, local: torch.Tensor, kind: str) -> torch.Tensor:
         return RouteRows.apply(local, ATOM_DIM, self._route(kind, local.device))
@@ -239,24 +227,35 @@ class AtomWindows:
             local, self.mesh, like.placements, row_shapes(local.shape, 1, self.window_counts)
         )
 
-    def check_padding(self, atom_mask: ShardTensor) -> None:
+    def check_padding(self, atom_mask: ShardTensor, atom_to_token: object = None) -> None:
         """Refuse pad atoms inside the atom axis (per-shard padding): they move the windows.
 
-        Collective over ``cp0`` (one small all-gather); every rank raises alike.
+        Decided from the plan when ``atom_to_token`` is the scatter's map (its
+        :class:`~physicsnemo_foldcp.core.tags.MapTag` carries the pads the plan inserted
+        in each atom row block): no communication, no host sync. Otherwise read from
+        ``atom_mask``: one small all-gather over ``cp0`` and a few host reads. Every rank
+        raises alike.
+
+        Parameters
+        ----------
+        atom_mask : ShardTensor
+            ``atom_pad_mask [B, A]``, laid out as the atoms.
+        atom_to_token : FoldTensor, optional
+            The scattered ``atom_to_token`` map of the same sample.
 
         Raises
         ------
         ShardingLayoutError
             When a row block ends with pad atoms and a later block holds real atoms.
         """
-        real = compat.local_tensor(atom_mask).bool()
-        real = real.reshape(real.shape[0], -1)
-        ends_with_pad = real.shape[1] > 0 and not bool(real[:, -1].all())
-        flags = torch.tensor([int(ends_with_pad), int(bool(real.any()))], device=real.device)
-        gathered = [torch.zeros_like(flags) for _ in self.atom_sizes]
-        dist.all_gather(gathered, flags, group=self.mesh.get_group(ROWS))
-        for p, flag in enumerate(gathered[:-1]):
-            if flag[0] and any(int(later[1]) for later in gathered[p + 1 :]):
+        pads = self._planned_pads(atom_to_token)
+        if pads is not None:
+            real = [n - pad for n, pad in zip(self.atom_sizes, pads)]
+            flags = [(pad > 0, n > 0) for pad, n in zip(pads, real)]
+        else:
+            flags = self._mask_flags(atom_mask)
+        for p, (ends_with_pad, _) in enumerate(flags[:-1]):
+            if ends_with_pad and any(holds_real for _, holds_real in flags[p + 1 :]):
                 raise ShardingLayoutError(
                     f"atom windows: atom row block {p} ends with pad atoms and a later block "
                     "holds real atoms: per-shard atom padding (sharding.atom_multiple > 1) "
@@ -264,6 +263,44 @@ class AtomWindows:
                     f"atom_multiple=1 (windows that straddle row blocks are exchanged), seen "
                     f"on {rank_label(self.mesh)}"
                 )
+
+    def _planned_pads(self, atom_to_token: object) -> tuple[int, ...] | None:
+        """The plan's inserted pads per atom row block, from the map's tag, if it has them."""
+        tag = map_tag(atom_to_token)
+        if tag is None or tag.row_pads is None or tag.axes[0] != "atoms":
+            return None
+        if mesh_sizes(atom_to_token, ROWS, tag.sharded_dim) != list(self.atom_sizes):
+            return None
+        return tag.row_pads
+
+    def _mask_flags(self, atom_mask: ShardTensor) -> list[tuple[bool, bool]]:
+        """``(ends with a pad atom, holds a real atom)`` of every row block, from the mask."""
+        real = compat.local_tensor(atom_mask).bool()
+        real = real.reshape(real.shape[0], -1)
+        ends_with_pad = real.shape[1] > 0 and not bool(real[:, -1].all())
+        flags = torch.tensor([int(ends_with_pad), int(bool(real.any()))], device=real.device)
+        gathered = [torch.zeros_like(flags) for _ in self.atom_sizes]
+        dist.all_gather(gathered, flags, group=self.mesh.get_group(ROWS))
+        return [(bool(g[0]), bool(g[1])) for g in torch.stack(gathered).tolist()]
+
+
+@functools.lru_cache(maxsize=64)
+def _window_route(windows: AtomWindows, kind: str, device: torch.device) -> RowRoute:
+    """:meth:`AtomWindows._route`, planned once per geometry (no tensor is read)."""
+    p, q = coordinate(windows.mesh)
+    peers = [row[q] for row in mesh_ranks(windows.mesh)]
+    a, w = windows.atom_bounds, windows.window_bounds
+    blocks = range(len(a) - 1)
+    if kind == "to_windows":
+        wanted = [range(w[t], w[t + 1]) for t in blocks]
+        in_sizes = windows.atom_sizes
+    elif kind == "to_atoms":
+        wanted = [range(a[t], a[t + 1]) for t in blocks]
+        in_sizes = windows.window_atom_sizes
+    else:
+        wanted = [windows._key_rows(w[t], w[t + 1]) for t in blocks]
+        in_sizes = windows.window_atom_sizes
+    return plan_route(wanted, in_sizes, p, peers, device)
 
 
 __all__ = ["ATOM_DIM", "AtomWindows", "check_window_sizes"]

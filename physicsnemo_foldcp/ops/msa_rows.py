@@ -60,6 +60,7 @@ from physicsnemo_foldcp.core.blocks import (
     block_starts,
     coordinate,
     local_of,
+    mesh_ranks,
     mesh_sizes,
 )
 from physicsnemo_foldcp.core.tensor import DERIVE, FoldTensor, Rule, register_rules, tag_of, wrap
@@ -70,7 +71,7 @@ from physicsnemo_foldcp.sharding.plan import msa_row_sizes
 
 
 def plan_msa_route(
-    index: torch.Tensor,
+    index: Sequence[int] | torch.Tensor,
     in_sizes: Sequence[int],
     p: int,
     peers: Sequence[int],
@@ -78,12 +79,13 @@ def plan_msa_route(
 ) -> RowRoute:
     """The :class:`~physicsnemo_foldcp.ops.row_routes.RowRoute` of rank ``p`` for ``x[:, idx]``.
 
-    ``index`` (int64 ``[k]`` on the CPU, the same on every rank) picks input rows; output
-    row block ``t`` holds ``index`` over :func:`msa_row_sizes` blocks of ``k``. The other
-    arguments are :func:`~physicsnemo_foldcp.ops.row_routes.plan_route`'s.
+    ``index`` (``k`` ints, or int64 ``[k]`` on the CPU, the same on every rank) picks input
+    rows; output row block ``t`` holds ``index`` over :func:`msa_row_sizes` blocks of
+    ``k``. The other arguments are :func:`~physicsnemo_foldcp.ops.row_routes.plan_route`'s.
     """
-    out_starts = block_starts(msa_row_sizes(index.numel(), len(in_sizes)))
-    wanted = [index[a:b] for a, b in zip(out_starts, [*out_starts[1:], index.numel()])]
+    rows = index.tolist() if isinstance(index, torch.Tensor) else list(index)
+    out_starts = block_starts(msa_row_sizes(len(rows), len(in_sizes)))
+    wanted = [rows[a:b] for a, b in zip(out_starts, [*out_starts[1:], len(rows)])]
     return plan_route(wanted, in_sizes, p, peers, device)
 
 
@@ -150,15 +152,16 @@ def pick_rows(x: FoldTensor, dim: int, index: torch.Tensor, negative: bool = Tru
     """
     mesh: DeviceMesh = x.device_mesh
     depth = compat.global_shape(x)[dim]
-    values = index.detach().to("cpu", torch.int64)
-    bad = (values < (-depth if negative else 0)) | (values >= depth)
-    if bool(bad.any()):
-        value = int(values[bad][0])
-        raise IndexError(f"index {value} is out of bounds for dimension {dim} with size {depth}")
-    values = torch.where(values < 0, values + depth, values)
+    # The index is read once (the rows each rank sends depend on its values).
+    values = index.detach().to("cpu", torch.int64).tolist()
+    low = -depth if negative else 0
+    bad = next((v for v in values if v < low or v >= depth), None)
+    if bad is not None:
+        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {depth}")
+    values = [v + depth if v < 0 else v for v in values]
     in_sizes = mesh_sizes(x, ROWS, dim)
     p, q = coordinate(mesh)
-    peers = [int(r) for r in mesh.mesh[:, q].tolist()]
+    peers = [row[q] for row in mesh_ranks(mesh)]
     local = local_of(x)
     route = plan_msa_route(values, in_sizes, p, peers, local.device)
     out = RouteRows.apply(local, dim, route)

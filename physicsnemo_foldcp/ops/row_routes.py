@@ -15,6 +15,7 @@ receives exactly the rows of its output held by other ranks, and copies its own.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,7 +69,7 @@ class RowRoute:
 
 
 def plan_route(
-    wanted: Sequence[torch.Tensor],
+    wanted: Sequence[Sequence[int] | torch.Tensor],
     in_sizes: Sequence[int],
     p: int,
     peers: Sequence[int],
@@ -76,11 +77,15 @@ def plan_route(
 ) -> RowRoute:
     """The :class:`RowRoute` of rank ``p`` of ``cp0``.
 
+    Plain Python arithmetic on ints: no tensor is read, so planning a route makes no host
+    synchronisation (a 1-D tensor in ``wanted`` is read once, with ``tolist``).
+
     Parameters
     ----------
-    wanted : sequence of torch.Tensor
-        For every ``t`` of ``cp0``: int64 ``[O_t]`` on the CPU, the global input row of
-        each row of ``t``'s output block, ``-1`` for a row of zeros. The same on every rank.
+    wanted : sequence of sequences of int
+        For every ``t`` of ``cp0``: the global input row of each row of ``t``'s output
+        block, ``-1`` for a row of zeros (a ``range``, a list, or an int64 ``[O_t]`` CPU
+        tensor). The same on every rank.
     in_sizes : sequence of int
         Input row blocks over ``cp0``.
     p : int
@@ -88,19 +93,51 @@ def plan_route(
     peers : sequence of int
         Global rank of ``(t, q)`` for every ``t``.
     device : torch.device
-        Where the index tensors of the route go (the local block's device).
+        Where the index tensors of the route go (the local block's device); an index made
+        of a few contiguous runs is built there with ``arange``, without a copy from the
+        host.
     """
     in_starts = block_starts(in_sizes)
-    ends = torch.tensor([s + n for s, n in zip(in_starts, in_sizes)], dtype=torch.int64)
-    owner = [
-        torch.where(rows >= 0, torch.searchsorted(ends, rows, right=True), -1) for rows in wanted
-    ]
-    send, receive = [], []
-    for t, rows in enumerate(wanted):
-        send.append((rows[owner[t] == p] - in_starts[p]).to(device))
-        receive.append((owner[p] == t).nonzero().flatten().to(device))
-    out_sizes = tuple(int(rows.numel()) for rows in wanted)
-    return RowRoute(tuple(int(r) for r in peers), p, out_sizes, tuple(send), tuple(receive))
+    ends = [s + int(n) for s, n in zip(in_starts, in_sizes)]
+    rows = [w.tolist() if isinstance(w, torch.Tensor) else w for w in wanted]
+
+    def owner(row: int) -> int:
+        return bisect.bisect_right(ends, row) if row >= 0 else -1
+
+    send = [[r - in_starts[p] for r in rs if owner(r) == p] for rs in rows]
+    mine = [owner(r) for r in rows[p]]
+    receive = [[o for o, t_of in enumerate(mine) if t_of == t] for t in range(len(rows))]
+    return RowRoute(
+        tuple(int(r) for r in peers),
+        p,
+        tuple(len(rs) for rs in rows),
+        tuple(index_on(v, device) for v in send),
+        tuple(index_on(v, device) for v in receive),
+    )
+
+
+ARANGE_RUNS = 8
+"""Most contiguous runs an index is built from with ``arange`` on its device."""
+
+
+def index_on(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``.
+
+    A few contiguous runs (the atom windows' moves: one or two) are ``arange`` s made on
+    the device; anything else is one copy from the host.
+    """
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][0] + runs[-1][1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+            if len(runs) > ARANGE_RUNS:
+                return torch.tensor(list(values), dtype=torch.int64, device=device)
+    if not runs:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    parts = [torch.arange(a, a + n, dtype=torch.int64, device=device) for a, n in runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _exchange(
@@ -178,4 +215,4 @@ class RouteRows(torch.autograd.Function):
         return out, None, None
 
 
-__all__ = ["RouteRows", "RowRoute", "plan_route", "with_length"]
+__all__ = ["ARANGE_RUNS", "RouteRows", "RowRoute", "index_on", "plan_route", "with_length"]

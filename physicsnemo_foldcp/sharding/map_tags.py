@@ -60,6 +60,12 @@ def index_block_problem(local: torch.Tensor, start: int, length: int, what: str)
     return None
 
 
+def row_pads(plan: Any, axis: Any) -> tuple[int, ...]:
+    """Positions the plan inserted at the end of each ``cp0`` block of ``axis``."""
+    blocks = (plan.block(axis, 0, i) for i in range(plan.cp[0]))
+    return tuple(stop - start - plan.real_count(axis, start, stop) for start, stop in blocks)
+
+
 def tag_maps(features: Any, *, validated: bool = False) -> Any:
     """Tag the one-hot maps of a scattered sample so Boltz's ``torch.bmm`` forms run locally.
 
@@ -67,7 +73,9 @@ def tag_maps(features: Any, *, validated: bool = False) -> Any:
     :func:`physicsnemo_foldcp.scatter_features` (it modifies the dict in place and returns
     it). Every feature whose registry spec is ``one_hot`` gets a checked
     :class:`~physicsnemo_foldcp.core.tags.MapTag` (same data, same placements), so the map
-    products that read it do no check of their own.
+    products that read it do no check of their own; the tag also carries the pads the
+    plan inserted in each row block (``row_pads``), so the atom windows check the padding
+    of the atom axis without reading a mask.
 
     Parameters
     ----------
@@ -115,6 +123,7 @@ def tag_maps(features: Any, *, validated: bool = False) -> Any:
             block_dim=batch + 1 if layout == "dense" else None,
             block_sizes=tuple(plan.row_sizes(columns_axis)),
             checked=True,
+            row_pads=row_pads(plan, rows_axis),
         )
         if not validated:
             problem = _check_tag(value, tag, plan)
@@ -171,4 +180,4 @@ def _raise_collectively(problems: list[str], mesh: Any) -> None:
         raise MapLayoutError(f"tag_maps: scattered map(s) do not follow their tokens: {listing}")
 
 
-__all__ = ["dense_block_problem", "index_block_problem", "tag_maps"]
+__all__ = ["dense_block_problem", "index_block_problem", "row_pads", "tag_maps"]

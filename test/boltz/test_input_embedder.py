@@ -16,6 +16,7 @@ from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.ops import ShardingLayoutError, masked_mean
 from physicsnemo_foldcp.ops.atom_windows import AtomWindows
 from physicsnemo_foldcp.testing import collective_assert
+from physicsnemo_foldcp.testing.host_syncs import count_host_syncs
 from physicsnemo_foldcp.testing.parity import randomize_parameters
 from physicsnemo_foldcp.training import batched, validate_model
 
@@ -77,3 +78,27 @@ def test_moved_windows_and_the_diffusion_encoder_are_refused(fold_mesh):
     with pytest.raises(ShardingLayoutError, match="structure_prediction=True"):
         diffusion(scattered, s_trunk=None, z=None)
     collective_assert("row block 0 ends with pad atoms" in str(moved.value), str(moved.value))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+def test_the_padding_check_reads_the_plan_and_agrees_with_the_mask(fold_mesh):
+    """The scatter's map tag decides without a host sync; the mask (no tag) decides alike."""
+    features = sample(23, seed=5)
+    for options, refused in ((ShardingOptions(atom_multiple=32), True), (None, False)):
+        feats = scatter_features(features, fold_mesh, options=options)
+        windows = AtomWindows.of(feats["ref_pos"], 32, 128)
+        for maps in (feats["atom_to_token"], None):
+            with count_host_syncs() as syncs:
+                try:
+                    windows.check_padding(feats["atom_pad_mask"], maps)
+                    message = None
+                except ShardingLayoutError as err:
+                    message = str(err)
+            how = "from the map's tag" if maps is not None else "from the mask"
+            collective_assert(
+                (message is not None) == refused
+                and (message is None or "row block 0 ends with pad atoms" in message),
+                f"{options}, {how}: {message}",
+            )
+            if maps is not None:
+                collective_assert(syncs.total == 0, f"{how}: {syncs.format()}")
