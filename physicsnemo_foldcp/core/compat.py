@@ -299,9 +299,36 @@ def checkpoint_metadata_globals() -> dict[tuple[str, str], Any]:
     return found
 
 
+def checkpoint_storage_info_type() -> type:
+    """The class of the values of a DCP ``Metadata.storage_data`` written to files.
+
+    Upstream: ``torch.distributed.checkpoint.filesystem._StorageInfo``, a dataclass with
+    ``relative_path`` (the shard file, relative to the checkpoint directory), ``offset`` and
+    ``length`` (the bytes of one ``torch.save`` record in it) and ``transform_descriptors``
+    (stream transforms, ``None`` or empty when none were used). Relied on:
+    ``FileSystemReader.read_data`` reads exactly those bytes of that file for each entry.
+    """
+    from torch.distributed.checkpoint import filesystem
+
+    return filesystem._StorageInfo
+
+
+def replace_reader_file_system(reader: Any, file_system: Any) -> None:
+    """Make a ``FileSystemReader`` open its shard files through ``file_system``.
+
+    Upstream: ``FileSystemReader.fs``, a ``torch.distributed.checkpoint.filesystem.
+    FileSystem``. Relied on: ``read_data`` opens every shard file as
+    ``reader.fs.create_stream(reader.fs.concat_path(reader.path, relative_path), "rb")``
+    (and ``read_metadata`` opens ``.metadata`` the same way), so a ``FileSystem`` subclass
+    set here decides which files may be opened, and how.
+    """
+    reader.fs = file_system
+
+
 __all__ = [
     "UPSTREAM_FALLBACKS",
     "checkpoint_metadata_globals",
+    "checkpoint_storage_info_type",
     "all_gather",
     "all_reduce",
     "all_to_all",
@@ -315,6 +342,7 @@ __all__ = [
     "plain_function_call",
     "reduce_scatter",
     "registered_function_handler",
+    "replace_reader_file_system",
     "sharding_shapes",
     "torch_function_fallback",
 ]

@@ -121,3 +121,41 @@ def on_rank_zero(work: Callable[[], T], context: str) -> T:
             raise error
         raise value.to_exception(context)
     return value
+
+
+def on_every_rank(work: Callable[[], T], context: str) -> T:
+    """Run ``work()`` on every rank; its result, or the first failing rank's error everywhere.
+
+    Call on every rank. When ``work`` raises on any rank, every rank raises: a rank that
+    failed raises its own error as it is, the others the error of the lowest failing rank as
+    :meth:`ErrorPayload.to_exception` (the same type when it pickles). So a check that
+    fails on one rank only (a file it cannot read, a value in its own shard) stops every
+    rank at once instead of leaving the others in the next collective until the timeout.
+
+    Communication: ONE ``all_gather_object`` over the world (none in a single process).
+
+    Parameters
+    ----------
+    work : callable
+        Run on every rank; it should not itself wait on other ranks after failing.
+    context : str
+        Names the operation in the note of an error raised on the other ranks.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return work()
+    result: T | None = None
+    error: BaseException | None = None
+    mine: ErrorPayload | None = None
+    try:
+        result = work()
+    except Exception as err:  # noqa: BLE001 - every error reaches every rank
+        error = err
+        mine = ErrorPayload.capture(err, dist.get_rank())
+    gathered: list[ErrorPayload | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if error is not None:
+        raise error
+    failed = [payload for payload in gathered if payload is not None]
+    if failed:
+        raise failed[0].to_exception(context)
+    return result  # type: ignore[return-value]

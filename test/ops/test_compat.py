@@ -1,5 +1,7 @@
 """One test per private upstream name in ``core/compat.py``: each fails if upstream changes it."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -237,6 +239,59 @@ def test_checkpoint_metadata_refers_only_to_the_allowed_globals(tmp_path):
     dtypes = {("torch", "float32"), ("torch", "bfloat16")}
     assert seen - dtypes <= allowed, seen - dtypes - allowed
     assert set(read_metadata(tmp_path).state_dict_metadata) == {"model.w", "model.b"}
+
+
+def _saved_dcp(tmp_path, state):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(state, checkpoint_id=str(tmp_path))
+
+
+def test_checkpoint_storage_info_type_holds_the_file_and_the_bytes_of_each_record(tmp_path):
+    """Each storage record names a shard file of the directory and the bytes of one tensor."""
+    import io
+    import pickle
+
+    state = {"model": {"w": torch.arange(6.0).reshape(3, 2), "b": torch.ones(4)}}
+    _saved_dcp(tmp_path, state)
+    metadata = pickle.loads((tmp_path / ".metadata").read_bytes())
+    records = metadata.storage_data
+    assert records and all(
+        isinstance(info, compat.checkpoint_storage_info_type()) for info in records.values()
+    )
+    for index, info in records.items():
+        assert not info.transform_descriptors
+        data = (tmp_path / info.relative_path).read_bytes()[info.offset : info.offset + info.length]
+        tensor = torch.load(io.BytesIO(data), weights_only=True)
+        assert torch.equal(tensor, state["model"][index.fqn.split(".", 1)[1]])
+
+
+def test_replace_reader_file_system_opens_every_shard_through_it(tmp_path):
+    """A FileSystem set on the reader opens every shard file DCP reads, and nothing else."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    _saved_dcp(tmp_path, {"model": {"w": torch.arange(6.0)}})
+    opened = []
+
+    class Recording(FileSystem):
+        def create_stream(self, path, mode):
+            opened.append((Path(path).name, mode))
+            return super().create_stream(path, mode)
+
+    reader = FileSystemReader(str(tmp_path))
+    compat.replace_reader_file_system(reader, Recording())
+    target = {"model": {"w": torch.zeros(6)}}
+    dcp.load(target, storage_reader=reader)
+    assert torch.equal(target["model"]["w"], torch.arange(6.0))
+    files = {name for name, _ in opened}
+    assert files == {".metadata"} | {p.name for p in tmp_path.glob("*.distcp")}, opened
+    assert {mode for _, mode in opened} == {"rb"}
 
 
 def test_lightning_forward_redirection_runs_the_method_inside_the_wrappers_forward():
