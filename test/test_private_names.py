@@ -38,6 +38,8 @@ def upstream_private_names() -> set[str]:
     """Underscore names of upstream's domain-parallel and distributed modules and classes."""
     names: set[str] = set()
     modules = [physicsnemo.domain_parallel, torch.distributed, torch.distributed.tensor]
+    modules += [importlib.import_module(f"torch.distributed.checkpoint.{name}")
+                for name in ("filesystem", "metadata", "default_planner", "planner")]  # fmt: skip
     for package in (physicsnemo.domain_parallel,):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             try:

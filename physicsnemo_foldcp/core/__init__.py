@@ -1,5 +1,6 @@
-"""The bottom layer: the plugin's tensor and its handler registry, blocks, compat, tags.
+"""The plugin's tensor and its handler registry, blocks, compat, tags.
 
-Every other subpackage imports from here; nothing here imports the plugin's other
-subpackages. :mod:`~physicsnemo_foldcp.core.compat` holds every private upstream name.
+Above ``versions`` and ``distributed`` only (see
+:data:`physicsnemo_foldcp.testing.layers.LAYERS`): every layer above imports from here,
+nothing here imports them. :mod:`~physicsnemo_foldcp.core.compat` holds every private upstream name.
 """

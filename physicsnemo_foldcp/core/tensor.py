@@ -119,9 +119,10 @@ def wrap(
     ----------
     x : torch.Tensor
         This rank's block (then ``mesh``, ``placements`` and ``shapes`` are required), or a
-        ShardTensor (a FoldTensor is returned as it is; another ShardTensor, built with
-        explicit sharding shapes, gives a FoldTensor over the same block and layout, ``x``
-        itself unchanged).
+        ShardTensor (a FoldTensor is returned as it is, and a ``tag`` given is set on it
+        in place: give one only for a tensor the caller made; another ShardTensor, built
+        with explicit sharding shapes, gives a FoldTensor over the same block and layout,
+        ``x`` itself unchanged).
     mesh : DeviceMesh, optional
         The 2-D ``(cp0, cp1)`` domain mesh.
     placements : sequence of Placement, optional
@@ -377,7 +378,10 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
     if not func_rules and compat.registered_function_handler(func) is not None:
         return _after(func, args, kwargs, upstream(func, types, args, kwargs))
     if not _FALLBACK:
-        return upstream(func, types, args, kwargs)
+        raise RuntimeError(
+            f"{op_name(func)} on a FoldTensor: no fallback is registered; import "
+            "physicsnemo_foldcp (its dispatch.rules registers the generic rows)"
+        )
     return _after(func, args, kwargs, _FALLBACK[0](func, args, kwargs))
 
 

@@ -35,12 +35,12 @@ BLOCK_RULES = (BOUNDS, EVEN)
 
 TILE = "tile"
 """Leading rule: followed by an axis with column blocks, a tile ``(Shard(0), Shard(1))``."""
-ROWS = "rows"
+LEAD_ROWS = "rows"
 """Leading rule: row blocks of the leading axis, ``(Shard(0), Replicate())``."""
 STACK = "stack"
 """Leading rule: a stack of members whose next (stackable) axis is split, ``(Shard(1),
 Replicate())``; the stack axis itself is never split."""
-LEAD_RULES = (TILE, ROWS, STACK)
+LEAD_RULES = (TILE, LEAD_ROWS, STACK)
 
 
 @total_ordering
@@ -113,7 +113,7 @@ class Axis:
         bad = [r for r in self.leads if r not in LEAD_RULES]
         if bad:
             raise ValueError(f"{where}: unknown leading rule(s) {bad}; use {LEAD_RULES}")
-        if (TILE in self.leads or ROWS in self.leads) and self.blocks is None:
+        if (TILE in self.leads or LEAD_ROWS in self.leads) and self.blocks is None:
             raise ValueError(f"{where}: a tile or rows leading axis needs a block rule")
         if STACK in self.leads and self.blocks is not None:
             raise ValueError(f"{where}: a stack axis is never split (blocks=None)")
@@ -178,7 +178,7 @@ class Axis:
         for rule in self.leads:
             if rule == TILE and second is not None and second.columns:
                 return (Shard(0), Shard(1))
-            if rule == ROWS:
+            if rule == LEAD_ROWS:
                 return (Shard(0), Replicate())
             if rule == STACK and second is not None and second.stackable:
                 return (Shard(1), Replicate())
@@ -255,7 +255,7 @@ TOKENS = register_axis(
         bounds="token_bounds",
         multiple="token_multiple",
         columns=True,
-        leads=(TILE, ROWS),
+        leads=(TILE, LEAD_ROWS),
         stackable=True,
         index_target=True,
         group="token",
@@ -269,7 +269,7 @@ ATOMS = register_axis(
         blocks=BOUNDS,
         bounds="atom_bounds",
         multiple="atom_multiple",
-        leads=(ROWS,),
+        leads=(LEAD_ROWS,),
         stackable=True,
         follows="tokens",
         index_target=True,
@@ -311,7 +311,7 @@ RSET = register_axis(
         doc="Rows that each belong to one token (r_set_to_rep_atom): they follow their tokens.",
         blocks=BOUNDS,
         bounds="rset_bounds",
-        leads=(ROWS,),
+        leads=(LEAD_ROWS,),
         follows="tokens",
         group="atom",
         sample_size="rset_rows",
@@ -329,7 +329,7 @@ __all__ = [
     "EVEN",
     "LEAD_RULES",
     "MSA",
-    "ROWS",
+    "LEAD_ROWS",
     "RSET",
     "STACK",
     "TEMPLATES",

@@ -58,6 +58,7 @@ from physicsnemo_foldcp.core.blocks import (
     row_shapes,
 )
 from physicsnemo_foldcp.core.tensor import FoldTensor, map_tag, wrap
+from physicsnemo_foldcp.features.spec import ATOMS
 from physicsnemo_foldcp.ops.row_routes import RouteRows, RowRoute, plan_route
 
 ATOM_DIM = 1
@@ -267,7 +268,7 @@ class AtomWindows:
     def _planned_pads(self, atom_to_token: object) -> tuple[int, ...] | None:
         """The plan's inserted pads per atom row block, from the map's tag, if it has them."""
         tag = map_tag(atom_to_token)
-        if tag is None or tag.row_pads is None or tag.axes[0] != "atoms":
+        if tag is None or tag.row_pads is None or tag.axes[0] != ATOMS:
             return None
         if mesh_sizes(atom_to_token, ROWS, tag.sharded_dim) != list(self.atom_sizes):
             return None

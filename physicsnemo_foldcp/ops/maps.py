@@ -1,8 +1,9 @@
 """Scattered atom<->token maps in Boltz's own code: ``torch.bmm`` / ``matmul`` / ``einsum``.
 
-:func:`tag_maps` marks the one-hot maps of a scattered sample (``atom_to_token``,
-``token_to_rep_atom``, ``token_to_center_atom``, ``r_set_to_rep_atom``, dense or index
-layout) with a :class:`~physicsnemo_foldcp.core.tags.MapTag`. With the tag, Boltz's serial
+:func:`~physicsnemo_foldcp.sharding.map_tags.tag_maps` (the scatter calls it) marks the
+one-hot maps of a scattered sample (``atom_to_token``, ``token_to_rep_atom``,
+``token_to_center_atom``, ``r_set_to_rep_atom``, dense or index layout) with a
+:class:`~physicsnemo_foldcp.core.tags.MapTag`. With the tag, Boltz's serial
 expressions run on the local co-sharded blocks, with **no communication** in forward or
 backward (``a2t`` is ``atom_to_token``, ``t2r`` is ``token_to_rep_atom``):
 

@@ -27,6 +27,12 @@ CONVERSIONS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "_
 DATA_DEPENDENT_OPS = ("nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive")
 """ATen ops whose output shape depends on the data (the host reads it before going on)."""
 
+HOST_READS = ("_local_scalar_dense", "equal", "is_nonzero")
+"""ATen ops that hand a tensor's value to the host (what the conversions run below)."""
+
+COPIES = ("_to_copy", "copy_")
+"""ATen copies; one from a non-CPU device to the CPU waits for the device."""
+
 
 @dataclass
 class HostSyncs:
@@ -68,19 +74,39 @@ def _has_mask(args: tuple) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
 
 
+def _to_host(func_name: str, args: tuple, kwargs: dict, out: object) -> bool:
+    """Whether a copy moved data from a non-CPU device to the CPU."""
+    if func_name == "copy_":
+        target, source = args[0], args[1]
+    else:
+        target, source = out, args[0]
+    return (
+        isinstance(source, torch.Tensor)
+        and isinstance(target, torch.Tensor)
+        and source.device.type != "cpu"
+        and target.device.type == "cpu"
+    )
+
+
 class _DataDependentOps(TorchDispatchMode):
-    def __init__(self, syncs: HostSyncs) -> None:
+    def __init__(self, syncs: HostSyncs, depth: list[int]) -> None:
         super().__init__()
         self.syncs = syncs
+        self.depth = depth
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         name = func.overloadpacket.__name__
+        out = func(*args, **kwargs)
         if name in ("index", "index_put") and _has_mask(args):
             name = "boolean mask index"
-        if name in DATA_DEPENDENT_OPS or name == "boolean mask index":
+        elif name in COPIES:
+            name = "copy to host" if _to_host(name, args, kwargs, out) else name
+        counted = name in DATA_DEPENDENT_OPS or name in ("boolean mask index", "copy to host")
+        if counted or (name in HOST_READS and self.depth[0] == 0):
             self.syncs.by_kind[name] += 1
             self.syncs.where.append(_call_site())
-        return func(*args, **(kwargs or {}))
+        return out
 
 
 @contextlib.contextmanager
@@ -88,7 +114,9 @@ def count_host_syncs() -> Iterator[HostSyncs]:
     """Count host synchronisations made inside the block.
 
     A conversion that runs another one inside it (``tolist`` of a 0-d tensor calling
-    ``item``) counts once.
+    ``item``, ``item`` reading the value with ``_local_scalar_dense``) counts once; a
+    host read from C++ (``torch.equal``, a scalar read inside an ATen op) counts too, as
+    does a copy from a device to the CPU.
 
     Yields
     ------
@@ -117,7 +145,7 @@ def count_host_syncs() -> Iterator[HostSyncs]:
     for name, original in saved.items():
         setattr(torch.Tensor, name, counting(name, original))
     try:
-        with _DataDependentOps(syncs):
+        with _DataDependentOps(syncs, depth):
             yield syncs
     finally:
         for name, original in saved.items():
@@ -127,4 +155,11 @@ def count_host_syncs() -> Iterator[HostSyncs]:
                 delattr(torch.Tensor, name)
 
 
-__all__ = ["CONVERSIONS", "DATA_DEPENDENT_OPS", "HostSyncs", "count_host_syncs"]
+__all__ = [
+    "CONVERSIONS",
+    "COPIES",
+    "DATA_DEPENDENT_OPS",
+    "HOST_READS",
+    "HostSyncs",
+    "count_host_syncs",
+]

@@ -434,6 +434,11 @@ def _check_rng(saved: Mapping[str, Any], mesh: FoldMesh, file: Path) -> None:
             not isinstance(cuda, torch.Tensor) or cuda.dtype != torch.uint8 or cuda.dim() != 2
         ):
             raise TypeError("'cuda' is not a [devices, n] uint8 tensor")
+        if cuda is not None and cuda.shape[0] > torch.cuda.device_count():
+            raise ValueError(
+                f"'cuda' holds {cuda.shape[0]} device states, this rank sees "
+                f"{torch.cuda.device_count()} devices"
+            )
     except Exception as err:  # noqa: BLE001 - any malformed record
         raise CheckpointError(
             f"{file}: 'rng' cannot restore the generators of rank {mesh.rank}: "
@@ -687,7 +692,7 @@ def load_checkpoint(
 
     on_every_rank(apply, f"loading checkpoint {path}")
     if restore_rng:
-        _restore_rng(path, state, mesh)
+        on_every_rank(lambda: _restore_rng(path, state, mesh), f"restoring generators of {path}")
     return {k: state.get(k) for k in ("step", "loader", "mesh", "world_size", "extra")}
 
 

@@ -975,8 +975,8 @@ def train(
         metric_logger=metric_logger,
     )
     _resume(run)
-    _open_outputs(run)
     try:
+        _open_outputs(run)
         batches = _batches(run.loader) if run.step < settings.steps else iter(())
         for item in batches:
             value = _train_step(run, item)

@@ -26,7 +26,7 @@ from physicsnemo_foldcp.features import (
     register_axis,
     unregister_axis,
 )
-from physicsnemo_foldcp.features.axes import BOUNDS, EVEN, ROWS, STACK, TILE
+from physicsnemo_foldcp.features.axes import BOUNDS, EVEN, LEAD_ROWS, STACK, TILE
 from physicsnemo_foldcp.sharding.options import ShardingOptions
 from physicsnemo_foldcp.sharding.plan import build_plan, split_sizes
 from physicsnemo_foldcp.sharding.plan_report import feature_group, plan_report
@@ -45,11 +45,11 @@ STACK_ROW = (Shard(1), Replicate())
 # name: blocks, plan bounds field, pad multiple, columns, leads, stackable, follows,
 #       index target, report group, random-sample size
 RULES = {
-    "tokens": (BOUNDS, "token_bounds", "token_multiple", True, (TILE, ROWS), True, None,
+    "tokens": (BOUNDS, "token_bounds", "token_multiple", True, (TILE, LEAD_ROWS), True, None,
                True, "token", "n_tokens"),
-    "atoms": (BOUNDS, "atom_bounds", "atom_multiple", False, (ROWS,), True, "tokens",
+    "atoms": (BOUNDS, "atom_bounds", "atom_multiple", False, (LEAD_ROWS,), True, "tokens",
               True, "atom", "n_atoms"),
-    "rset": (BOUNDS, "rset_bounds", None, False, (ROWS,), False, "tokens",
+    "rset": (BOUNDS, "rset_bounds", None, False, (LEAD_ROWS,), False, "tokens",
              False, "atom", "rset_rows"),
     "msa": (EVEN, None, None, False, (TILE,), False, None, False, "msa", "msa_rows"),
     "ensemble": (None, None, None, False, (STACK,), False, None, True, None, "conformers"),
@@ -208,7 +208,7 @@ def test_random_sample_lengths_are_the_sizes_the_axes_name():
         (dict(blocks=BOUNDS), "blocks='bounds' and a plan bounds field go together"),
         (dict(blocks=EVEN, multiple="x_multiple"), "only an axis with blocks='bounds'"),
         (dict(leads=("diagonal",)), "unknown leading rule"),
-        (dict(leads=(ROWS,)), "needs a block rule"),
+        (dict(leads=(LEAD_ROWS,)), "needs a block rule"),
         (dict(blocks=EVEN, leads=(STACK,)), "a stack axis is never split"),
         (dict(columns=True), "column blocks need a block rule"),
     ],
