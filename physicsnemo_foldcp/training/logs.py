@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,28 @@ class RankZeroFilter(logging.Filter):
         return rank == 0 or record.levelno >= logging.WARNING
 
 
+class ConsoleHandler(logging.StreamHandler):
+    """A stream handler that writes to ``sys.stderr`` as it is when each record is emitted.
+
+    A plain ``StreamHandler()`` keeps the ``sys.stderr`` of the moment it was made; when the
+    program replaces ``sys.stderr`` later (a test runner's capture, a notebook), it would
+    write into the replaced, possibly closed, stream. ``setStream`` still sets a stream of
+    the caller's; setting ``sys.stderr`` itself goes back to following it.
+    """
+
+    def __init__(self) -> None:
+        self._chosen = None
+        super().__init__()
+
+    @property
+    def stream(self):  # noqa: D102 - the attribute logging.StreamHandler reads and sets
+        return self._chosen if self._chosen is not None else sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        self._chosen = None if value is sys.stderr else value
+
+
 def setup_logging(level: str = "INFO") -> logging.Handler:
     """Give the root logger one stream handler with :class:`RankZeroFilter` (idempotent).
 
@@ -72,7 +95,7 @@ def setup_logging(level: str = "INFO") -> logging.Handler:
     for handler in root.handlers:
         if getattr(handler, "foldcp_rank_zero", False):
             return handler
-    handler = logging.StreamHandler()
+    handler = ConsoleHandler()
     handler.addFilter(RankZeroFilter())
     handler.setFormatter(logging.Formatter("%(rank_tag)s%(message)s"))
     handler.foldcp_rank_zero = True  # type: ignore[attr-defined]

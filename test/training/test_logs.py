@@ -34,6 +34,20 @@ def console(monkeypatch):
     logging.getLogger().removeHandler(handler)
 
 
+def test_the_console_follows_a_replaced_stderr(monkeypatch):
+    handler = setup_logging("INFO")
+    try:
+        first, second = io.StringIO(), io.StringIO()
+        monkeypatch.setattr(sys, "stderr", first)
+        logging.getLogger("physicsnemo_foldcp.test_logs").warning("to the first")
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("physicsnemo_foldcp.test_logs").warning("to the second")
+        assert second.getvalue() == "to the second\n"
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
 def test_info_is_written_by_rank_zero_only_and_warnings_by_every_rank(console):
     assert console(0, logging.INFO, "step 3 loss 1.25") == "step 3 loss 1.25\n"
     assert console(1, logging.INFO, "step 3 loss 1.25") == ""
