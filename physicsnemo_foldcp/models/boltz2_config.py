@@ -1,7 +1,12 @@
-"""Hyperparameters of :class:`~physicsnemo_foldcp.models.boltz2_trunk.Boltz2Trunk`.
+"""Hyperparameters of Boltz-2's trunk and of the whole Boltz-2 model.
 
-Kept apart from the model so that the Hydra schema (``model/boltz2_trunk_schema``) is
-registered without importing ``boltz``, an optional extra.
+:class:`Boltz2TrunkConfig` configures
+:class:`~physicsnemo_foldcp.models.boltz2_trunk.Boltz2Trunk`; :class:`Boltz2Config` adds
+what :class:`~physicsnemo_foldcp.models.boltz2.Boltz2Model` holds past the trunk
+(diffusion conditioning, the structure module, the confidence and B-factor heads) and
+Boltz's prediction-time settings. Kept apart from the models so that the Hydra schemas
+(``model/boltz2_trunk_schema``, ``model/boltz2_schema``) are registered without importing
+``boltz``, an optional extra.
 """
 
 from __future__ import annotations
@@ -129,9 +134,166 @@ class Boltz2TrunkConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+#: Small defaults of ``score_model_args`` (Boltz's ``DiffusionModule`` and
+#: ``DiffusionConditioning`` depths and heads).
+DEFAULT_SCORE_MODEL_ARGS: dict[str, Any] = {
+    "atom_encoder_depth": 1,
+    "atom_encoder_heads": 2,
+    "token_transformer_depth": 2,
+    "token_transformer_heads": 2,
+    "atom_decoder_depth": 1,
+    "atom_decoder_heads": 2,
+    "conditioning_transition_layers": 1,
+    "dim_fourier": 32,
+}
+#: ``diffusion_process_args`` as ``boltz predict`` sets them for Boltz-2
+#: (``boltz.main.Boltz2DiffusionParams``).
+BOLTZ2_PREDICT_DIFFUSION_ARGS: dict[str, Any] = {
+    "gamma_0": 0.8,
+    "gamma_min": 1.0,
+    "noise_scale": 1.003,
+    "rho": 7,
+    "step_scale": 1.5,
+    "sigma_min": 0.0001,
+    "sigma_max": 160.0,
+    "sigma_data": 16.0,
+    "P_mean": -1.2,
+    "P_std": 1.5,
+    "coordinate_augmentation": True,
+    "alignment_reverse_diff": True,
+    "synchronize_sigmas": True,
+}
+#: Small defaults of ``confidence_model_args`` (Boltz's ``ConfidenceModule``), with
+#: Boltz-2's flags on.
+DEFAULT_CONFIDENCE_MODEL_ARGS: dict[str, Any] = {
+    "pairformer_args": {
+        "num_blocks": 1,
+        "num_heads": 2,
+        "dropout": 0.0,
+        "pairwise_head_width": 8,
+        "pairwise_num_heads": 2,
+    },
+    "num_dist_bins": 64,
+    "max_dist": 22,
+    "add_s_to_z_prod": True,
+    "add_s_input_to_s": True,
+    "add_z_input_to_z": True,
+    "confidence_args": {"num_plddt_bins": 50, "num_pde_bins": 64, "num_pae_bins": 64},
+}
+#: ``predict_args`` (Boltz's names): a quick CPU prediction of two samples.
+DEFAULT_PREDICT_ARGS: dict[str, Any] = {
+    "recycling_steps": 0,
+    "sampling_steps": 3,
+    "diffusion_samples": 2,
+    "max_parallel_samples": None,
+    "write_confidence_summary": True,
+    "write_full_pae": True,
+    "write_full_pde": True,
+}
+#: ``steering_args`` with every potential off (steering is not distributed).
+NO_STEERING_ARGS: dict[str, Any] = {
+    "fk_steering": False,
+    "num_particles": 1,
+    "fk_lambda": 0.0,
+    "fk_resampling_interval": 1,
+    "physical_guidance_update": False,
+    "contact_guidance_update": False,
+    "num_gd_steps": 1,
+}
+
+
+def _plain(value: Any) -> Any:
+    """Nested plain dicts (and lists) of a Hydra ``DictConfig`` / ``ListConfig``."""
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Boltz2Config(Boltz2TrunkConfig):
+    """``Boltz2.__init__``'s arguments for prediction (same names), small by default.
+
+    The trunk's fields are :class:`Boltz2TrunkConfig`'s; these are the rest.
+
+    Attributes
+    ----------
+    score_model_args : dict
+        Depths and heads of the diffusion module and its conditioning
+        (``atom_encoder_depth``, ``token_transformer_depth``, ``dim_fourier``...).
+    diffusion_process_args : dict
+        ``AtomDiffusion`` arguments (noise schedule, step scale, augmentation); the
+        defaults are those ``boltz predict`` uses for Boltz-2.
+    confidence_prediction : bool
+        Build and run the confidence module (pLDDT, PDE, PAE, resolved; ptm / iptm).
+    confidence_model_args : dict
+        ``ConfidenceModule`` arguments (its Pairformer, bins, ``add_*`` flags).
+    token_level_confidence : bool
+        Per-token (not per-atom) pLDDT and resolved heads, as Boltz-2.
+    alpha_pae : float
+        Above 0, the PAE head's outputs (``pae``, complex and chain PAE) are predicted.
+    predict_bfactor : bool
+        Build the B-factor head ``bfactor_module``.
+    predict_args : dict
+        Boltz's prediction settings: ``recycling_steps``, ``sampling_steps``,
+        ``diffusion_samples``, ``max_parallel_samples``, ``write_full_pae``,
+        ``write_full_pde``, ``write_confidence_summary``.
+    steering_args : dict
+        Boltz's steering settings; every potential must stay off (steering is not
+        distributed).
+    affinity_prediction : bool
+        Must stay False: the affinity module is not distributed.
+    """
+
+    score_model_args: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_SCORE_MODEL_ARGS))
+    diffusion_process_args: dict[str, Any] = field(
+        default_factory=lambda: dict(BOLTZ2_PREDICT_DIFFUSION_ARGS)
+    )
+    confidence_prediction: bool = True
+    confidence_model_args: dict[str, Any] = field(
+        default_factory=lambda: _plain(DEFAULT_CONFIDENCE_MODEL_ARGS)
+    )
+    token_level_confidence: bool = True
+    alpha_pae: float = 1.0
+    predict_bfactor: bool = True
+    predict_args: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_PREDICT_ARGS))
+    steering_args: dict[str, Any] = field(default_factory=lambda: dict(NO_STEERING_ARGS))
+    affinity_prediction: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in (
+            "score_model_args",
+            "diffusion_process_args",
+            "confidence_model_args",
+            "predict_args",
+            "steering_args",
+        ):
+            object.__setattr__(self, name, _plain(getattr(self, name)))
+        predict = {**DEFAULT_PREDICT_ARGS, **self.predict_args}
+        object.__setattr__(self, "predict_args", predict)
+        for key in ("sampling_steps", "diffusion_samples"):
+            if int(predict[key]) < 1:
+                raise ValueError(f"predict_args.{key} must be >= 1, got {predict[key]}")
+        if int(predict["recycling_steps"]) < 0:
+            raise ValueError(
+                f"predict_args.recycling_steps must be >= 0, got {predict['recycling_steps']}"
+            )
+        parallel = predict["max_parallel_samples"]
+        if parallel is not None and int(parallel) < 1:
+            raise ValueError(f"predict_args.max_parallel_samples must be >= 1, got {parallel}")
+
+
 __all__ = [
+    "BOLTZ2_PREDICT_DIFFUSION_ARGS",
+    "DEFAULT_CONFIDENCE_MODEL_ARGS",
     "DEFAULT_EMBEDDER_ARGS",
     "DEFAULT_MSA_ARGS",
     "DEFAULT_PAIRFORMER_ARGS",
+    "DEFAULT_PREDICT_ARGS",
+    "DEFAULT_SCORE_MODEL_ARGS",
+    "NO_STEERING_ARGS",
+    "Boltz2Config",
     "Boltz2TrunkConfig",
 ]

@@ -198,11 +198,14 @@ class Boltz2Trunk(nn.Module):
     )
     compile_regions: ClassVar[tuple[type[nn.Module], ...]] = ()
 
+    #: The hyperparameter class (a subclass's adds fields).
+    config_class: ClassVar[type[Boltz2TrunkConfig]] = Boltz2TrunkConfig
+
     def __init__(self, config: Boltz2TrunkConfig | None = None, **overrides: Any) -> None:
         super().__init__()
-        config = config or Boltz2TrunkConfig()
+        config = config or self.config_class()
         if overrides:
-            config = Boltz2TrunkConfig(**{**config.to_dict(), **overrides})
+            config = self.config_class(**{**config.to_dict(), **overrides})
         self.config = c = config
         atom_feature_dim = c.atom_feature_dim
         if atom_feature_dim is None:
@@ -210,6 +213,7 @@ class Boltz2Trunk(nn.Module):
                 c.use_no_atom_char, c.use_atom_backbone_feat, c.use_residue_feats_atoms
             )
         token_s, token_z = c.token_s, c.token_z
+        self.atom_feature_dim = atom_feature_dim
         self.num_bins = c.num_bins
         self.aggregate_distogram = c.aggregate_distogram
         self.bond_type_feature = c.bond_type_feature
@@ -310,12 +314,39 @@ class Boltz2Trunk(nn.Module):
             ``pdistogram [B, N, N, 1, num_bins]``, ``s [B, N, token_s]``,
             ``z [B, N, N, token_z]``.
         """
-        steps = self.recycling_steps if recycling_steps is None else recycling_steps
+        out = self.run_trunk(
+            feats, self.recycling_steps if recycling_steps is None else recycling_steps
+        )
+        return {key: out[key] for key in ("pdistogram", "s", "z")}
+
+    def run_trunk(
+        self, feats: Mapping[str, torch.Tensor], recycling_steps: int
+    ) -> dict[str, torch.Tensor]:
+        """The trunk pass of ``Boltz2.forward``, with what the structure module reads.
+
+        Parameters
+        ----------
+        feats : Mapping[str, torch.Tensor]
+            Boltz-2 features, batched ``[B, ...]``.
+        recycling_steps : int
+            Recycling steps (``recycling_steps + 1`` passes; only the last records
+            gradients, as in Boltz).
+
+        Returns
+        -------
+        dict[str, torch.Tensor]
+            ``s_inputs [B, N, token_s]``, ``relative_position_encoding
+            [B, N, N, token_z]``, ``s [B, N, token_s]``, ``z [B, N, N, token_z]`` and
+            ``pdistogram [B, N, N, 1, num_bins]``; on a domain, ``s`` / ``s_inputs`` are
+            row-sharded and the pair tensors tiles, as the features are.
+        """
         grad = torch.is_grad_enabled()
+        feats = dict(feats)
         s_inputs = self.input_embedder(feats)
         s_init = self.s_init(s_inputs)
         z_init = self.z_init_1(s_inputs)[:, :, None] + self.z_init_2(s_inputs)[:, None, :]
-        z_init = z_init + self.rel_pos(feats)
+        relative_position_encoding = self.rel_pos(feats)
+        z_init = z_init + relative_position_encoding
         z_init = z_init + self.token_bonds(feats["token_bonds"].float())
         if self.bond_type_feature:
             z_init = z_init + self.token_bonds_type(feats["type_bonds"].long())
@@ -326,8 +357,8 @@ class Boltz2Trunk(nn.Module):
         mask = feats["token_pad_mask"].float()
         pair_mask = mask[:, :, None] * mask[:, None, :]
         kernels = {"use_kernels": self.use_kernels, "use_flash_attn": self.use_flash_attn}
-        for i in range(steps + 1):
-            last = i == steps
+        for i in range(recycling_steps + 1):
+            last = i == recycling_steps
             with torch.set_grad_enabled(grad and last):
                 if self.training and last and torch.is_autocast_enabled():
                     torch.clear_autocast_cache()
@@ -338,7 +369,13 @@ class Boltz2Trunk(nn.Module):
                 z = z + self.msa_module(z, s_inputs, feats, **kernels)
                 s, z = self.pairformer_module(s, z, mask=mask, pair_mask=pair_mask, **kernels)
 
-        return {"pdistogram": self.distogram_module(z), "s": s, "z": z}
+        return {
+            "s_inputs": s_inputs,
+            "relative_position_encoding": relative_position_encoding,
+            "s": s,
+            "z": z,
+            "pdistogram": self.distogram_module(z),
+        }
 
     def loss(
         self, outputs: Mapping[str, torch.Tensor], feats: Mapping[str, torch.Tensor]
