@@ -8,24 +8,26 @@
 The model is the model group's _target_ (the reference model by default). Rank 0 shows the
 progress bar and the losses (console level: logging.level), writes
 ${run_dir}/metrics.jsonl (one line per step; also sent to MLflow / W&B with
-logging.mlflow=true or logging.wandb=true) and ${run_dir}/summary.json; checkpoints go to
-train.checkpoint_dir (step_<k>/ directories and the run manifest run.json). With the
+logging.mlflow=true or logging.wandb=true) and ${run_dir}/summary.json (train.summary_file);
+checkpoints go to train.checkpoint_dir (step_<k>/ directories and the run manifest
+run.json). With the
 default train.resume=auto, running the same command again (or a torchrun --max-restarts
 restart) continues the run from its newest checkpoint; a run_dir holding another run's
-checkpoints is refused unless train.overwrite=true. The run is identified by the data,
+checkpoints is refused unless train.overwrite=true, a second run while one runs there is
+refused (the run directory's lock), and a file there that a run did not write (your own
+summary.json, say) is refused even then. The run is identified by the data,
 model, optimizer, registry and sharding groups and train.{seed,precision,batch_size,loss}.
 """
 
 import dataclasses
 import logging
 import warnings
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import physicsnemo_foldcp as fc
-from physicsnemo_foldcp.training import train, write_summary
+from physicsnemo_foldcp.training import train
 from physicsnemo_foldcp.training.config import (
     TrainAppConfig,
     build_dataset,
@@ -62,7 +64,7 @@ def main(cfg: DictConfig) -> None:
         dataset = build_dataset(data, model)
         if mesh.rank == 0:
             logging.info("%s", dataset)
-        result = train(
+        train(
             model,
             mesh,
             dataset,
@@ -74,8 +76,6 @@ def main(cfg: DictConfig) -> None:
             run_config={k: config[k] for k in RUN_GROUPS},
             metric_logger=metric_logger,
         )
-        if mesh.rank == 0:
-            write_summary(result, Path(conf.run_dir) / "summary.json")
     finally:
         if metric_logger is not None:
             metric_logger.close()

@@ -3,7 +3,8 @@
 * :func:`train`: the training loop (DDP / FSDP2 over ``ddp``, checkpoints, exact resume).
 * :mod:`~physicsnemo_foldcp.training.checkpoint`: sharded DCP checkpoints, read without
   unpickling arbitrary objects; :mod:`~physicsnemo_foldcp.training.rundir`: which run a
-  directory belongs to (``train.resume=auto``, ``train.overwrite``).
+  directory belongs to (``train.resume=auto``, ``train.overwrite``) and which of its files
+  a run may rewrite; :mod:`~physicsnemo_foldcp.training.runlock`: one run per directory.
 * :func:`predict`: distograms of a dataset, written in the serial layout.
 * :func:`validate_model`: serial vs distributed comparison of your own model.
 * :func:`compile_model`: whole-model or regional ``torch.compile`` by CP shape.
@@ -40,6 +41,7 @@ from physicsnemo_foldcp.training.predict import (
     serial_distogram,
 )
 from physicsnemo_foldcp.training.rundir import RunDirectoryError
+from physicsnemo_foldcp.training.runlock import RunLockedError
 from physicsnemo_foldcp.training.validate import ValidationReport, validate_model
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "OutputNameError",
     "PredictionResult",
     "RunDirectoryError",
+    "RunLockedError",
     "SyntheticComplexes",
     "TrainResult",
     "TrainSettings",

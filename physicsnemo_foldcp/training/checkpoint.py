@@ -13,9 +13,12 @@ One directory per checkpoint, ``<dir>/step_<k:08d>/``:
   (:mod:`~physicsnemo_foldcp.training.rng_state`) and ``extra`` (e.g. the run's
   configuration).
 
-Saving is collective: every rank writes its DCP part into ``.step_<k>.tmp/``; after a
-barrier rank 0 adds ``state.pt`` and renames the directory to ``step_<k>/``, so a
-``step_<k>/`` directory is always complete.
+Saving is collective: every rank writes its DCP part into ``.step_<k>.tmp.<id>/`` (a
+name unique to this save, chosen by rank 0, so two jobs never share one); after a barrier
+rank 0 adds ``state.pt`` and renames the directory to ``step_<k>/``, so a ``step_<k>/``
+directory is always complete. A temporary directory left by a save that did not finish is
+deleted when the next run takes the directory's lock
+(:func:`~physicsnemo_foldcp.training.rundir.remove_leftovers`).
 
 Loading never unpickles arbitrary objects: ``state.pt`` is read with
 ``torch.load(weights_only=True)``, DCP's ``.metadata`` with an unpickler that resolves only
@@ -41,7 +44,6 @@ import logging
 import os
 import random
 import re
-import shutil
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -271,12 +273,12 @@ def write_checkpoint(
     optim_tensors, optim_plain = split_plain(optim_state, "optimizer")
     rng = gather_job_rng(mesh)
     final = Path(path)
-    tmp = temporary_sibling(final, unique=False)
 
-    def make_room() -> None:
+    def make_room() -> str:
         final.parent.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a save that did not finish
-            shutil.rmtree(tmp)
+        return str(temporary_sibling(final))  # unique to this save: rank 0 names it for all
+
+    tmp = Path(on_rank_zero(make_room, f"preparing checkpoint {final}"))
 
     def finish() -> None:
         payload = {
@@ -293,7 +295,6 @@ def write_checkpoint(
         torch.save(payload, tmp / STATE_NAME)
         replace_directory(tmp, final)
 
-    on_rank_zero(make_room, f"preparing checkpoint {final}")
     dcp.save(
         {"model": model_tensors, "optimizer": optim_tensors},
         storage_writer=FileSystemWriter(str(tmp)),
@@ -323,11 +324,7 @@ def _checkpoint_directory(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
-    if (
-        not path.is_dir()
-        or not (path / STATE_NAME).exists()
-        or not (path / METADATA_NAME).exists()
-    ):
+    if not path.is_dir() or not (path / STATE_NAME).exists() or not (path / METADATA_NAME).exists():
         kind = "a file" if path.is_file() else "a directory without state.pt and .metadata"
         raise CheckpointError(
             f"{path} is {kind}, not a checkpoint: a checkpoint is a step_<k>/ directory "
@@ -358,9 +355,7 @@ def _read_state(files: CheckpointFiles) -> dict[str, Any]:
         )
     step = state.get("step")
     if type(step) is not int or step < 0:
-        raise CheckpointError(
-            f"{file}: 'step' is {_kind(state, 'step')}, not an int >= 0: refused"
-        )
+        raise CheckpointError(f"{file}: 'step' is {_kind(state, 'step')}, not an int >= 0: refused")
     named = CHECKPOINT_PATTERN.match(files.directory.name)
     if named and int(named.group(1)) != step:
         raise CheckpointError(

@@ -59,6 +59,7 @@ from physicsnemo_foldcp.training.rundir import (
     fingerprint,
     prepare_run,
 )
+from physicsnemo_foldcp.training.runlock import JobLock, lock_path
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
@@ -155,6 +156,11 @@ class TrainSettings:
     metrics_file : str or None
         Rank 0 writes one JSON line per step (step, loss, seconds) to this file; a
         resumed run first drops the lines of steps after the resumed one, then appends.
+        A file there that the project did not write is refused (see
+        :mod:`~physicsnemo_foldcp.training.rundir`).
+    summary_file : str or None
+        Rank 0 writes the run's summary (:func:`write_summary`) here when the run ends;
+        checked like ``metrics_file`` before the run starts.
     fsdp_units, compile_regions : list[str] or None
         Class paths (or classes) of the submodules FSDP2 shards one by one and regional
         compile compiles; ``None``: the model class's ``fsdp_units`` /
@@ -184,6 +190,7 @@ class TrainSettings:
     batch_size: int = 1
     progress: bool = True
     metrics_file: str | None = None
+    summary_file: str | None = None
     fsdp_units: list[str] | None = None
     compile_regions: list[str] | None = None
     loss: str | None = None
@@ -391,6 +398,7 @@ RESTART_FIELDS = (
     "compile_backend",
     "progress",
     "metrics_file",
+    "summary_file",
     "fsdp_units",
     "compile_regions",
 )
@@ -627,9 +635,21 @@ def _decide_run(
     identity = run_identity(model, dataset, settings, opt_settings, run_config)
     run_id = fingerprint(identity)
     directory = decide(
-        settings.checkpoint_dir, settings.metrics_file, run_id, settings.resume, settings.overwrite
+        settings.checkpoint_dir,
+        settings.metrics_file,
+        run_id,
+        settings.resume,
+        settings.overwrite,
+        settings.summary_file,
     )
-    prepare_run(directory, settings.checkpoint_dir, settings.metrics_file, run_id, identity)
+    prepare_run(
+        directory,
+        settings.checkpoint_dir,
+        settings.metrics_file,
+        run_id,
+        identity,
+        settings.summary_file,
+    )
     return _RunSetup(loss_fn, fsdp_units, regions, compiled, opt_settings, directory)
 
 
@@ -944,8 +964,12 @@ def train(
     BatchSizeError
         Before any work, when ``settings.batch_size != 1``.
     RunDirectoryError
-        Before any work, when ``checkpoint_dir`` or ``metrics_file`` hold another run's
-        outputs and ``settings.overwrite`` is off.
+        Before any work, when ``checkpoint_dir``, ``metrics_file`` or ``summary_file``
+        hold another run's outputs and ``settings.overwrite`` is off, or a file the
+        project did not write (whatever ``overwrite``).
+    RunLockedError
+        Before any work, when another run holds the run directory's lock
+        (:mod:`~physicsnemo_foldcp.training.runlock`).
     CheckpointError
         When the checkpoint to resume from is not one, is unsafe, or does not fit.
 
@@ -956,36 +980,44 @@ def train(
     model.
 
     The steps, in this order (the order of the collectives and of the random draws, which
-    an exact resume depends on): decide the run (hooks, modes, run directory), build it
+    an exact resume depends on): lock the run directory (held until the run returns),
+    decide the run (hooks, modes, run directory), build it
     (precision, wrapper, compile, optimizer, loader), resume, open the outputs; then per
-    step: train, log, checkpoint when due; finally gather the result.
+    step: train, log, checkpoint when due; finally gather the result and write the summary.
     """
     settings = settings or TrainSettings()
     settings.check()
-    setup = _decide_run(model, mesh, dataset, settings, optimizer, loss_fn, run_config)
-    run = _build_run(
-        model,
-        mesh,
-        dataset,
-        settings,
-        setup,
-        registry=registry,
-        loader_options=loader_options,
-        extra=extra,
-        metric_logger=metric_logger,
-    )
-    _resume(run)
+    lock = JobLock(lock_path(settings.checkpoint_dir, settings.metrics_file, settings.summary_file))
     try:
-        _open_outputs(run)
-        batches = _batches(run.loader) if run.step < settings.steps else iter(())
-        for item in batches:
-            value = _train_step(run, item)
-            _log_step(run, value)
-            if _maybe_checkpoint(run):
-                break
+        setup = _decide_run(model, mesh, dataset, settings, optimizer, loss_fn, run_config)
+        run = _build_run(
+            model,
+            mesh,
+            dataset,
+            settings,
+            setup,
+            registry=registry,
+            loader_options=loader_options,
+            extra=extra,
+            metric_logger=metric_logger,
+        )
+        _resume(run)
+        try:
+            _open_outputs(run)
+            batches = _batches(run.loader) if run.step < settings.steps else iter(())
+            for item in batches:
+                value = _train_step(run, item)
+                _log_step(run, value)
+                if _maybe_checkpoint(run):
+                    break
+        finally:
+            _close_outputs(run)
+        result = _finish(run)
+        if run.rank0 and settings.summary_file:
+            write_summary(result, settings.summary_file)
+        return result
     finally:
-        _close_outputs(run)
-    return _finish(run)
+        lock.release()
 
 
 def write_summary(result: TrainResult, path: str | os.PathLike) -> None:

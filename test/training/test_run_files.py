@@ -149,7 +149,8 @@ def test_a_path_resume_refuses_later_checkpoints_of_the_run(tmp_path):
 
 def test_another_runs_metrics_are_refused_and_this_runs_trimmed(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
+    lines = ({"step": s, "loss": 1.0, "seconds": 0.1} for s in (1, 2, 3))
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with pytest.raises(RunDirectoryError, match=rf"metrics file {metrics} holds 3 line"):
         plan_run(None, str(metrics), "mine", "auto", False)
     assert plan_run(None, str(metrics), "mine", "auto", True).metrics == "empty"
