@@ -22,6 +22,7 @@ HANDLER_MODULES: tuple[str, ...] = (
     "atom_attention",
     "attention_pair_bias",
     "contact_conditioning",
+    "diffusion",
     "outer_product_mean",
     "pair_averaging",
     "pairformer",

@@ -41,7 +41,16 @@ from typing import Any
 import torch
 from torch.nn.functional import one_hot
 
-from physicsnemo_foldcp.core.blocks import ROWS, local_of, row_shapes
+from physicsnemo_foldcp.core.blocks import (
+    COLUMNS,
+    ROWS,
+    SumToReplicate,
+    block,
+    coordinate,
+    local_of,
+    mesh_sizes,
+    row_shapes,
+)
 from physicsnemo_foldcp.core.tensor import FoldTensor, wrap
 from physicsnemo_foldcp.ops import ShardingLayoutError
 from physicsnemo_foldcp.ops.atom_windows import ATOM_DIM, AtomWindows
@@ -105,48 +114,57 @@ def atom_encoder(
     Parameters
     ----------
     module : boltz.model.modules.encodersv2.AtomEncoder
-        With ``structure_prediction=False`` (the trunk's input embedder).
+        The trunk's (``structure_prediction=False``) or the diffusion conditioning's
+        (``structure_prediction=True``).
     feats : dict[str, torch.Tensor]
         Boltz-2's atom features ``[B, A, ...]``, scattered (``ref_pos``,
-        ``atom_pad_mask``, ``ref_space_uid``, ``ref_charge``, ``ref_element``, ...).
-    s_trunk, z : torch.Tensor, optional
-        Must be None (structure prediction only).
+        ``atom_pad_mask``, ``ref_space_uid``, ``ref_charge``, ``ref_element``,
+        ``atom_to_token``, ...).
+    s_trunk : torch.Tensor, optional
+        ``[B, N, token_s]`` row-sharded; with ``structure_prediction`` only.
+    z : torch.Tensor, optional
+        ``[B, N, N, token_z]`` pair tile; with ``structure_prediction`` only.
 
     Returns
     -------
-    q, c : FoldTensor
-        ``[B, A, atom_s]`` atom embeddings (the same tensor), laid out like ``ref_pos``.
+    q : FoldTensor
+        ``[B, A, atom_s]`` atom embeddings, laid out like ``ref_pos``.
+    c : FoldTensor
+        ``q`` plus, with ``structure_prediction``, the trunk's single of each atom's token.
     p : FoldTensor
-        ``[B, K, W, H, atom_z]`` atom pair features, window-aligned blocks.
+        ``[B, K, W, H, atom_z]`` atom pair features, window-aligned blocks; with
+        ``structure_prediction`` including the pair ``z`` of each (query, key) token pair
+        (:func:`pair_of_windows`).
     to_keys : WindowKeys
         The keys of scattered atoms.
 
     Raises
     ------
     ShardingLayoutError
-        For ``structure_prediction=True``, atoms not a multiple of ``W``, or pad atoms
-        inside the atom axis (per-shard atom padding).
+        When ``s_trunk`` / ``z`` do not match ``structure_prediction``, atoms are not a
+        multiple of ``W``, or pad atoms lie inside the atom axis (per-shard atom padding).
     """
-    if module.structure_prediction or s_trunk is not None or z is not None:
+    conditioned = s_trunk is not None and z is not None
+    if module.structure_prediction != conditioned:
         raise ShardingLayoutError(
-            "AtomEncoder with structure_prediction=True (the diffusion module's atom "
-            "encoder, whose z_to_p reads the pair band) has no distributed forward; the "
-            "trunk's input embedder (structure_prediction=False) runs under CP"
+            f"AtomEncoder(structure_prediction={module.structure_prediction}) needs "
+            f"{'both' if module.structure_prediction else 'neither of'} s_trunk and z"
         )
     ref_pos = feats["ref_pos"]
+    mesh = ref_pos.device_mesh
     windows = AtomWindows.of(
         ref_pos, module.atoms_per_window_queries, module.atoms_per_window_keys, "ref_pos"
     )
     windows.check_padding(feats["atom_pad_mask"], feats.get("atom_to_token"))
     with _no_autocast(ref_pos.device):
-        call = submodule_caller(module, tile_parameters(module, ref_pos.device_mesh, (ROWS,)))
+        params = tile_parameters(module, mesh, (ROWS,))
+        if conditioned:  # z_to_p_trans reads the pair tile: its gradient sums over both dims
+            tile = tile_parameters(module.z_to_p_trans, mesh, (ROWS, COLUMNS))
+            params.update({f"z_to_p_trans.{name}": value for name, value in tile.items()})
+        call = submodule_caller(module, params)
         c_local = call("embed_atom_features", local_of(_atom_features(module, feats)))
-        c = wrap(
-            c_local,
-            ref_pos.device_mesh,
-            ref_pos.placements,
-            row_shapes(c_local.shape, ATOM_DIM, windows.atom_sizes),
-        )
+        atom_shapes = row_shapes(c_local.shape, ATOM_DIM, windows.atom_sizes)
+        q = wrap(c_local, mesh, ref_pos.placements, atom_shapes)
 
         def queries_and_keys(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """``x`` per window: queries ``[B, K, W, 1, ...]``, keys ``[B, K, 1, H, ...]``."""
@@ -166,11 +184,106 @@ def atom_encoder(
         p = call("embed_atompair_ref_pos", d) * v
         p = p + call("embed_atompair_ref_dist", d_norm) * v
         p = p + call("embed_atompair_mask", v) * v
+        if conditioned:
+            atom_to_token = feats["atom_to_token"].float()
+            s_to_c = call("s_to_c_trans", local_of(s_trunk).float())
+            s_to_c = wrap(
+                s_to_c,
+                mesh,
+                s_trunk.placements,
+                row_shapes(s_to_c.shape, 1, mesh_sizes(s_trunk, ROWS, 1)),
+            )
+            c_local = c_local + local_of(torch.bmm(atom_to_token, s_to_c))
+            z_to_p = call("z_to_p_trans", local_of(z).float())
+            p = p + pair_of_windows(z_to_p, z, atom_to_token, windows)
+        c = wrap(c_local, mesh, ref_pos.placements, atom_shapes) if conditioned else q
         c_q, c_k = queries_and_keys(c_local)
         p = p + call("c_to_p_trans_q", c_q)
         p = p + call("c_to_p_trans_k", c_k)
         p = p + call("p_mlp", p)
-    return c, c, windows.wrap_windows(p, ref_pos), WindowKeys(windows)
+    return q, c, windows.wrap_windows(p, ref_pos), WindowKeys(windows)
+
+
+def atom_tokens(atom_to_token: FoldTensor) -> torch.Tensor:
+    """Global token index of each of this rank's atoms, ``-1`` for pad atoms.
+
+    Parameters
+    ----------
+    atom_to_token : FoldTensor
+        The scattered one-hot map ``[B, A, N]`` (rows split over ``cp0``, full columns).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, A_p]`` int64, local (read on the device, no host sync).
+    """
+    local = local_of(atom_to_token)
+    return torch.where(local.amax(dim=-1) > 0, local.argmax(dim=-1), -1)
+
+
+def pair_of_windows(
+    z_local: torch.Tensor, z: FoldTensor, atom_to_token: FoldTensor, windows: AtomWindows
+) -> torch.Tensor:
+    """``z[token(query), token(key)]`` for every (query, key) atom pair of this rank's windows.
+
+    Boltz's ``einsum("bijd,bwki,bwlj->bwkld", z, queries' map, keys' map)`` without the
+    dense maps: each rank looks up, for its own atoms, the entries of its pair tile at
+    (the atom's token, each key atom's token) and leaves zeros for keys whose token
+    column another ``cp1`` rank holds; the sum over ``cp1`` completes every row, and the
+    rows move to the window-aligned layout like any atom tensor. A pad atom or a key
+    outside ``[0, A)`` has no token, and gets zeros, as in Boltz.
+
+    Parameters
+    ----------
+    z_local : torch.Tensor
+        This rank's tile ``[B, N_i, M_j, d]`` of a pair tensor laid out like ``z``.
+    z : FoldTensor
+        The pair tile ``(Shard(1), Shard(2))`` it was computed from (its blocks).
+    atom_to_token : FoldTensor
+        The scattered ``atom_to_token`` map ``[B, A, N]``.
+    windows : AtomWindows
+        The atom windows.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, K_p, W, H, d]``, this rank's windows (the same on every ``cp1`` rank).
+
+    Notes
+    -----
+    Communication: the window moves of an ``[B, A_p, H]`` index and an ``[B, A_p, H, d]``
+    tensor (point to point in a ``cp0`` column, fewer than ``W`` rows per block boundary,
+    plus the key halos of the index), and ONE all-reduce over ``cp1`` of
+    ``[B, A_p, H, d]``; backward: the identity over ``cp1`` (every ``cp1`` rank's rows get
+    the whole gradient, and each tile entry is read on one rank only), the moves back, and
+    the lookup's scatter-add into the tile.
+    """
+    mesh = z.device_mesh
+    p, q = coordinate(mesh)
+    row_start, _ = block(mesh_sizes(z, ROWS, 1), p)
+    col_start, col_len = block(mesh_sizes(z, COLUMNS, 2), q)
+    b, rows, cols, width = z_local.shape
+    tokens = atom_tokens(atom_to_token)  # [B, A_p]
+    # Token + 1 of every key atom of this rank's windows (0: no token), back at the atoms.
+    shifted = windows.to_windows((tokens + 1).to(z_local.dtype).unsqueeze(-1))
+    keys = windows.window_keys(shifted).squeeze(-1)  # [B, K_p, H]
+    count, w = keys.shape[1], windows.queries
+    per_atom = keys[:, :, None, :].expand(b, count, w, windows.keys).reshape(b, count * w, -1)
+    key_tokens = local_of(windows.to_atoms(per_atom, atom_to_token)).round().long() - 1
+    key_cols = key_tokens - col_start
+    held = (tokens >= 0)[..., None] & (key_tokens >= 0) & (key_cols >= 0) & (key_cols < col_len)
+    index = (tokens - row_start).clamp(0, max(rows - 1, 0))[..., None] * cols + key_cols.clamp(
+        0, max(cols - 1, 0)
+    )
+    atoms = index.shape[1]
+    flat = z_local.reshape(b, rows * cols, width)
+    if flat.shape[1] == 0:
+        looked_up = z_local.new_zeros(b, atoms * windows.keys, width)
+    else:
+        looked_up = flat.gather(1, index.reshape(b, -1, 1).expand(-1, -1, width))
+    looked_up = looked_up.view(b, atoms, windows.keys, width) * held[..., None].to(z_local.dtype)
+    complete = SumToReplicate.apply(looked_up, mesh, (COLUMNS,))
+    return windows.windows_of(windows.to_windows(complete))
 
 
 def atom_transformer(
@@ -192,31 +305,39 @@ def atom_transformer(
     q, c : FoldTensor
         ``[B, A, atom_s]`` atom activations and conditioning, scattered atoms.
     bias : FoldTensor
-        ``[B, K, W, H, depth * heads]`` window-aligned blocks (the encoder's ``p``
+        ``[B / M, K, W, H, depth * heads]`` window-aligned blocks (the encoder's ``p``
         projected).
     to_keys : callable or None
         The encoder's :class:`WindowKeys` (unused: the keys are built here).
     mask : FoldTensor
         ``[B, A]`` atom mask, scattered atoms.
     multiplicity : int, default 1
-        Must be 1.
+        Samples per batch element of ``bias``: ``q``, ``c`` and ``mask`` have batch
+        ``B M``, ``bias`` has ``B`` (repeated here, as Boltz does, window by window).
     conditioning_cache : None
-        Must be None.
+        Must be None (Boltz's denoiser cache is off by default).
 
     Returns
     -------
     FoldTensor
         ``[B, A, atom_s]``, laid out like ``q``.
     """
-    if multiplicity != 1 or conditioning_cache is not None:
+    if conditioning_cache is not None:
         raise ShardingLayoutError(
-            "AtomTransformer under CP runs the trunk's encoder only: multiplicity must be 1 "
-            f"(got {multiplicity}) and there is no conditioning cache"
+            "AtomTransformer under CP: Boltz's denoiser conditioning cache "
+            "(BOLTZ_DENOISER_CACHE) is not distributed; leave it off"
         )
     windows = AtomWindows.of(q, module.attn_window_queries, module.attn_window_keys, "q")
     b, dim = q.shape[0], q.shape[-1]
     count, w, h = windows.window_counts[windows.p], windows.queries, windows.keys
     bias_local = local_of(bias)
+    if bias_local.shape[0] * multiplicity != b:
+        raise ShardingLayoutError(
+            f"AtomTransformer: bias batch {bias_local.shape[0]} x multiplicity {multiplicity} "
+            f"is not the batch {b} of q"
+        )
+    # Boltz repeats the window bias over the samples (O(A H), not a pair tensor).
+    bias_local = bias_local.repeat_interleave(multiplicity, 0)
     if tuple(bias.shape[1:4]) != (sum(windows.window_counts), w, h) or bias_local.shape[1] != count:
         raise ShardingLayoutError(
             f"AtomTransformer: bias {tuple(bias.shape)} (local {tuple(bias_local.shape)}) is "
@@ -252,4 +373,11 @@ def handlers() -> list[tuple[type, Callable]]:
     return [(AtomEncoder, atom_encoder), (AtomTransformer, atom_transformer)]
 
 
-__all__ = ["WindowKeys", "atom_encoder", "atom_transformer", "handlers"]
+__all__ = [
+    "WindowKeys",
+    "atom_encoder",
+    "atom_tokens",
+    "atom_transformer",
+    "handlers",
+    "pair_of_windows",
+]

@@ -56,7 +56,9 @@ def attention_pair_bias(
     mask : torch.Tensor
         ``[B, N]`` key mask, row-sharded.
     multiplicity : int, default 1
-        Must be 1 under context parallelism.
+        Samples ``M`` per batch element of ``z``: ``s`` is ``[B M, N, c_s]``, ``z`` stays
+        ``[B, N, N, c]`` and its bias is broadcast over the samples (Boltz repeats it;
+        here no tile is copied).
     use_flash_attn : bool, default False
         Must be ``False`` under context parallelism.
 
@@ -68,21 +70,19 @@ def attention_pair_bias(
     Raises
     ------
     ShardingLayoutError
-        For ``multiplicity != 1`` or ``use_flash_attn=True``.
+        For ``use_flash_attn=True``.
     """
-    if multiplicity != 1 or use_flash_attn:
+    if use_flash_attn:
         raise ShardingLayoutError(
-            "AttentionPairBias under context parallelism supports multiplicity=1 and "
-            f"use_flash_attn=False, got multiplicity={multiplicity}, "
-            f"use_flash_attn={use_flash_attn} (the diffusion module's multiplicity and the "
-            "SDPA path are not distributed yet)"
+            "AttentionPairBias under context parallelism runs Boltz's float32 attention: "
+            "use_flash_attn must be False (the SDPA path is not distributed)"
         )
     batch = s.shape[0]
     heads, width = module.num_heads, module.head_dim
     q = module.proj_q(s).view(batch, -1, heads, width)
     k = module.proj_k(k_in).view(batch, -1, heads, width)
     v = module.proj_v(k_in).view(batch, -1, heads, width)
-    bias = module.proj_z(z)  # [B, H, N, N], the tile
+    bias = module.proj_z(z)  # [B / M, H, N, N], the tile, broadcast over the M samples
     g = module.proj_g(s).sigmoid()
     o = pair_bias_attention(
         q.float(), k.float(), v.float(), bias.float().permute(0, 2, 3, 1), mask.float(),

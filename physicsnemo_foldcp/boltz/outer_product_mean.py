@@ -19,7 +19,6 @@ The algorithm, its collectives and its memory are those of the kernel,
 :mod:`physicsnemo_foldcp.kernels.outer_product`.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence

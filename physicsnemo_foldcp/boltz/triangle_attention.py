@@ -29,7 +29,6 @@ The algorithm, its collectives and its memory are those of the kernel,
 :mod:`physicsnemo_foldcp.kernels.triangle_attention`.
 """
 
-
 from __future__ import annotations
 
 import math

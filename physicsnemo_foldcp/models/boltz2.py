@@ -25,6 +25,7 @@ from boltz.model.modules.confidencev2 import ConfidenceModule
 from boltz.model.modules.diffusion_conditioning import DiffusionConditioning
 from boltz.model.modules.diffusionv2 import AtomDiffusion
 from boltz.model.modules.trunkv2 import BFactorModule
+from physicsnemo.domain_parallel import ShardTensor
 from torch import nn
 
 from physicsnemo_foldcp.models.boltz2_config import Boltz2Config
@@ -53,8 +54,24 @@ PAE_OUTPUTS = (
     "protein_iptm",
     "pair_chains_iptm",
 )
+#: Features Boltz's ``check_structures`` reads (small index lists, replicated).
+STRUCTURE_CHECK_FEATURES = (
+    "chiral_atom_index",
+    "chiral_reference_mask",
+    "chiral_atom_orientations",
+    "rdkit_bounds_index",
+    "rdkit_bounds_bond_mask",
+    "rdkit_bounds_angle_mask",
+    "rdkit_lower_bounds",
+    "rdkit_upper_bounds",
+)
 #: Confidence outputs that ``predict_step`` always returns.
 CONFIDENCE_OUTPUTS = ("plddt", "complex_plddt", "complex_iplddt", "complex_pde", "complex_ipde")
+
+
+def whole(x: Any) -> Any:
+    """A scattered tensor as one plain tensor on every rank; anything else as it is."""
+    return x.full_tensor() if isinstance(x, ShardTensor) else x
 
 
 class UnsupportedBoltz2Option(ValueError):
@@ -204,6 +221,11 @@ class Boltz2Model(Boltz2Trunk):
     def predict_step(self, feats: Mapping[str, Any]) -> dict[str, Any]:
         """One prediction of batched Boltz-2 features, as ``Boltz2.predict_step`` makes it.
 
+        On scattered features, the coordinates ``[M, A, 3]`` are plain tensors, the same on
+        every rank of the domain (:mod:`physicsnemo_foldcp.boltz.diffusion`): Boltz's
+        sampler and structure checks run on them as they are, and the ranks draw the serial
+        noise from their shared random stream.
+
         Runs the trunk (``predict_args.recycling_steps``), the diffusion conditioning, the
         sampler (``sampling_steps``, ``diffusion_samples`` samples, at most
         ``max_parallel_samples`` at a time), Boltz's structure checks and the confidence
@@ -251,7 +273,7 @@ class Boltz2Model(Boltz2Trunk):
                     s_inputs=s_inputs.float(),
                     feats=feats,
                     num_sampling_steps=int(args["sampling_steps"]),
-                    atom_mask=feats["atom_pad_mask"].float(),
+                    atom_mask=whole(feats["atom_pad_mask"]).float(),
                     multiplicity=samples,
                     max_parallel_samples=args["max_parallel_samples"],
                     steering_args=self.config.steering_args,
@@ -266,7 +288,8 @@ class Boltz2Model(Boltz2Trunk):
                 "z": z,
                 "coords": coords,
             }
-            checks = check_structures(coords.detach(), feats, samples)
+            checked = {k: whole(feats[k]) for k in STRUCTURE_CHECK_FEATURES if k in feats}
+            checks = check_structures(coords.detach(), checked, samples)
             if self.config.confidence_prediction:
                 out.update(self._confidence(trunk, coords, feats, samples))
             out.update(checks)

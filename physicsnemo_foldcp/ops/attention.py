@@ -55,12 +55,27 @@ def _masked_logits(
     key_mask: torch.Tensor,
     inf: float,
 ) -> torch.Tensor:
-    """``[B, H, n, m]`` logits of queries ``q [B, n, H, D]`` against keys ``k [B, m, H, D]``."""
+    """``[B, H, n, m]`` logits of queries ``q [B, n, H, D]`` against keys ``k [B, m, H, D]``.
+
+    ``bias`` is ``[B, n, m, H]``, or ``[B / M, n, m, H]`` for ``M`` samples per batch
+    element (``q``'s batch ``b M + s`` reads bias ``b``, Boltz's ``repeat_interleave``
+    order), added as a broadcast view: no ``M``-fold copy.
+    """
     scale = 1.0 / math.sqrt(q.shape[-1])
     logits = torch.einsum("bihd,bjhd->bhij", q * scale, k)
-    logits = logits + bias.permute(0, 3, 1, 2)
+    per_bias = logits.shape[0] // bias.shape[0]
+    if per_bias == 1:
+        logits = logits + bias.permute(0, 3, 1, 2)
+    else:
+        grouped = logits.view(bias.shape[0], per_bias, *logits.shape[1:])
+        logits = (grouped + bias.permute(0, 3, 1, 2)[:, None]).view(logits.shape)
     penalty = (1.0 - key_mask.to(logits.dtype)) * (-inf)
     return logits + penalty[:, None, None, :]
+
+
+def _bias_batch_fits(batch: int, bias_batch: int) -> bool:
+    """Whether a bias of ``bias_batch`` serves queries of ``batch`` (``M`` samples each)."""
+    return bias_batch > 0 and batch % bias_batch == 0
 
 
 def pair_bias_attention(
@@ -79,7 +94,9 @@ def pair_bias_attention(
         ``[B, N, H, D]`` queries, keys, values. Distributed: ``(Shard(1), Replicate())``
         over ``(cp0, cp1)``, co-sharded (the token row blocks).
     bias : torch.Tensor
-        ``[B, N, N, H]`` pair bias, added to the logits of query ``i`` and key ``j``.
+        ``[B, N, N, H]`` pair bias, added to the logits of query ``i`` and key ``j``; or
+        ``[B / M, N, N, H]``, one bias for ``M`` consecutive batch elements (diffusion
+        samples, Boltz's ``repeat_interleave(M, 0)`` order), broadcast without a copy.
         Distributed: the pair tile ``(Shard(1), Shard(2))`` with the same row blocks as
         ``q``.
     key_mask : torch.Tensor, optional
@@ -138,10 +155,10 @@ def _check_serial_shapes(q, k, v, bias, key_mask) -> None:
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     b, n, h, _ = q.shape
-    if tuple(bias.shape) != (b, n, n, h):
+    if tuple(bias.shape[1:]) != (n, n, h) or not _bias_batch_fits(b, bias.shape[0]):
         raise ValueError(
-            f"pair_bias_attention: bias must be [B, N, N, H] = {(b, n, n, h)}, got "
-            f"{tuple(bias.shape)}"
+            f"pair_bias_attention: bias must be [B / M, N, N, H] with (B, N, H) = "
+            f"{(b, n, h)}, got {tuple(bias.shape)}"
         )
     if key_mask is not None and tuple(key_mask.shape) != (b, n):
         raise ValueError(
@@ -189,9 +206,11 @@ def _attention_handler(func, types, args, kwargs):
             f"{op}: bias must be the pair tile (Shard(1), Shard(2)) over (cp0, cp1), got "
             f"{describe(bias)} [{where}]"
         )
-    if global_shape(bias) != (b, n, n, h):
+    bias_shape = global_shape(bias)
+    if tuple(bias_shape[1:]) != (n, n, h) or not _bias_batch_fits(b, bias_shape[0]):
         raise ShardingLayoutError(
-            f"{op}: bias must be [B, N, N, H] = {(b, n, n, h)}, got {describe(bias)} [{where}]"
+            f"{op}: bias must be [B / M, N, N, H] with (B, N, H) = {(b, n, h)}, got "
+            f"{describe(bias)} [{where}]"
         )
     row_sizes = mesh_sizes(q, ROWS, 1)
     for name, t in (("k", k), ("v", v)):

@@ -89,7 +89,6 @@ SUPPORTED_FORMS = (
 """The map products that run distributed (also listed in this module's docstring)."""
 
 
-
 def _unsupported(what: str, tag: MapTag | None) -> ShardingLayoutError:
     name = f"the scattered map {tag.name!r}" if tag is not None else "a scattered map"
     return ShardingLayoutError(
@@ -110,9 +109,10 @@ KEEP_TAG_FUNCS: tuple[Callable, ...] = tuple(
 ) + (torch.repeat_interleave,)  # fmt: skip
 """Ops after which a tagged tensor keeps its tag (computed locally, no communication).
 
-``repeat_interleave`` qualifies only when it keeps the shape (``repeats=1``: Boltz's
-``atom_to_token.repeat_interleave(multiplicity, 0)`` with multiplicity 1), a copy;
-:func:`keep_tag_rule` declines any call that changes the local shape."""
+``repeat_interleave`` qualifies here only when it keeps the shape (``repeats=1``), a copy;
+:func:`keep_tag_rule` declines any call that changes the local shape. Repeats along the
+batch dim (Boltz's ``atom_to_token.repeat_interleave(multiplicity, 0)`` for diffusion
+samples) are :func:`repeat_batch_rule`'s."""
 
 
 def keep_tag_rule(func: Callable, args: tuple, kwargs: dict):
@@ -128,6 +128,40 @@ def keep_tag_rule(func: Callable, args: tuple, kwargs: dict):
         return NotImplemented
     shapes = {k: list(v) for k, v in sharding_shapes(x).items()}
     return wrap(new, x.device_mesh, x.placements, shapes, tag)
+
+
+REPEAT_FUNCS = (torch.Tensor.repeat_interleave, torch.repeat_interleave)
+"""``repeat_interleave``: of a map along a dim that is neither of its axes, the tag stays."""
+
+
+def repeat_batch_rule(func: Callable, args: tuple, kwargs: dict):
+    """``map.repeat_interleave(M, dim)`` along a leading dim (the batch): same tag, no comm.
+
+    Boltz repeats ``atom_to_token`` over the ``M`` diffusion samples; the copies keep the
+    blocks of the map, so they keep its tag (every sharding shape's ``dim`` grows ``M``
+    fold). Declined for a tensor ``repeats``, no ``dim``, or a ``dim`` that is one of the
+    map's axes.
+    """
+    x = args[0] if args else None
+    tag = map_tag(x)
+    if tag is None:
+        return NotImplemented
+    repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+    dim = args[2] if len(args) > 2 else kwargs.get("dim")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not isinstance(dim, int):
+        return NotImplemented
+    if set(kwargs) - {"repeats", "dim"}:
+        return NotImplemented
+    ndim = len(global_shape(x))
+    dim = dim % ndim
+    if dim in (tag.sharded_dim, tag.block_dim):
+        return NotImplemented
+    local = local_of(x).repeat_interleave(repeats, dim)
+    shapes = {
+        k: [tuple(n * repeats if d == dim else n for d, n in enumerate(s)) for s in v]
+        for k, v in sharding_shapes(x).items()
+    }
+    return wrap(local, x.device_mesh, x.placements, shapes, tag)
 
 
 UNSQUEEZE_FUNCS = (torch.Tensor.unsqueeze, torch.unsqueeze, torch.Tensor.__getitem__)
@@ -185,8 +219,6 @@ def _dims_of_swap(func: Callable, args: tuple, kwargs: dict, ndim: int) -> tuple
     if len(values) != 2:
         return None
     return int(values[0]) % ndim, int(values[1]) % ndim
-
-
 
 
 def swap_rule(func: Callable, args: tuple, kwargs: dict):
@@ -479,6 +511,7 @@ def contraction_rule(func: Callable, args: tuple, kwargs: dict):
 
 register_rules(
     Rule(KEEP_TAG, KEEP_TAG_FUNCS, keep_tag_rule, "casts/copies of a map or view"),
+    Rule(DERIVE, REPEAT_FUNCS, repeat_batch_rule, "repeats of a map along the batch dim"),
     Rule(DERIVE, SWAP_FUNCS, swap_rule, "swapping a map's axes swaps its tag"),
     Rule(DERIVE, UNSQUEEZE_FUNCS, unsqueeze_rule, "unit dims before a map's axes"),
     Rule(DERIVE, (torch.sum, torch.Tensor.sum), sum_rule, "map.sum(axis): row-sharded local sums"),
@@ -493,6 +526,7 @@ __all__ = [
     "SUPPORTED_FORMS",
     "contraction_rule",
     "keep_tag_rule",
+    "repeat_batch_rule",
     "mark_derived",
     "scale_rule",
     "sum_rule",
