@@ -25,27 +25,48 @@ MSA_GAP_ID = 1
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
+ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+"""Dtypes of id and one-hot features (``res_type``, ``asym_id``, ``msa``, ...): Boltz's
+featurizers emit int64; a floating id or one-hot map is refused."""
 
-def _token(name: str, extra: int = 0, description: str = "") -> FeatureSpec:
-    return FeatureSpec(name, (TOKENS,) + (None,) * extra, description=description)
+COORDINATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""Dtypes of coordinate features (``ref_pos``, ``coords``, ...): Boltz's featurizers emit
+float32; integer coordinates, and float64 (which the float32 model cannot take), are
+refused."""
+
+Dtypes = tuple[torch.dtype, ...] | None
 
 
-def _atom(name: str, extra: int = 0, description: str = "") -> FeatureSpec:
-    return FeatureSpec(name, (ATOMS,) + (None,) * extra, description=description)
+def _token(name: str, extra: int = 0, description: str = "", dtypes: Dtypes = None) -> FeatureSpec:
+    return FeatureSpec(name, (TOKENS,) + (None,) * extra, description=description, dtypes=dtypes)
 
 
-def _pair(name: str, extra: int = 0, description: str = "") -> FeatureSpec:
-    return FeatureSpec(name, (TOKENS, TOKENS) + (None,) * extra, description=description)
+def _atom(name: str, extra: int = 0, description: str = "", dtypes: Dtypes = None) -> FeatureSpec:
+    return FeatureSpec(name, (ATOMS,) + (None,) * extra, description=description, dtypes=dtypes)
 
 
-def _msa(name: str, extra: int = 0, pad: int = 0, description: str = "") -> FeatureSpec:
+def _pair(name: str, extra: int = 0, description: str = "", dtypes: Dtypes = None) -> FeatureSpec:
     return FeatureSpec(
-        name, (MSA, TOKENS) + (None,) * extra, pad_value=pad, description=description
+        name, (TOKENS, TOKENS) + (None,) * extra, description=description, dtypes=dtypes
     )
 
 
-def _template(name: str, extra: int = 0) -> FeatureSpec:
-    return FeatureSpec(name, (TEMPLATES, TOKENS) + (None,) * extra, description="template")
+def _msa(
+    name: str, extra: int = 0, pad: int = 0, description: str = "", dtypes: Dtypes = None
+) -> FeatureSpec:
+    return FeatureSpec(
+        name,
+        (MSA, TOKENS) + (None,) * extra,
+        pad_value=pad,
+        description=description,
+        dtypes=dtypes,
+    )
+
+
+def _template(name: str, extra: int = 0, dtypes: Dtypes = None) -> FeatureSpec:
+    return FeatureSpec(
+        name, (TEMPLATES, TOKENS) + (None,) * extra, description="template", dtypes=dtypes
+    )
 
 
 def _atom_list(name: str, rows: int | None) -> FeatureSpec:
@@ -65,14 +86,18 @@ def _list(name: str, ndim: int = 1, description: str = "") -> FeatureSpec:
 
 def _common_token_specs() -> list[FeatureSpec]:
     return [
-        _token("token_index", description="token position 0..N-1 (relative-position input)"),
-        _token("residue_index", description="residue number within its chain"),
-        _token("asym_id", description="chain id"),
-        _token("entity_id", description="entity id"),
-        _token("sym_id", description="copy id among chains of one entity"),
-        _token("mol_type", description="0 protein, 1 DNA, 2 RNA, 3 non-polymer"),
-        _token("res_type", 1, "one-hot residue type [N, 33]"),
-        _token("disto_center", 1, "distogram center coordinates [N, 3]"),
+        _token(
+            "token_index",
+            description="token position 0..N-1 (relative-position input)",
+            dtypes=ID_DTYPES,
+        ),
+        _token("residue_index", description="residue number within its chain", dtypes=ID_DTYPES),
+        _token("asym_id", description="chain id", dtypes=ID_DTYPES),
+        _token("entity_id", description="entity id", dtypes=ID_DTYPES),
+        _token("sym_id", description="copy id among chains of one entity", dtypes=ID_DTYPES),
+        _token("mol_type", description="0 protein, 1 DNA, 2 RNA, 3 non-polymer", dtypes=ID_DTYPES),
+        _token("res_type", 1, "one-hot residue type [N, 33]", ID_DTYPES),
+        _token("disto_center", 1, "distogram center coordinates [N, 3]", COORDINATE_DTYPES),
         _token("token_pad_mask", description="1 real token, 0 pad"),
         _token("token_resolved_mask", description="1 where the token is resolved"),
         _token("token_disto_mask", description="1 where the distogram target is valid"),
@@ -86,14 +111,19 @@ def _common_token_specs() -> list[FeatureSpec]:
 
 def _common_atom_specs() -> list[FeatureSpec]:
     return [
-        _atom("ref_pos", 1, "reference conformer coordinates [A, 3]"),
-        _atom("ref_element", 1, "one-hot element [A, 128]"),
+        _atom("ref_pos", 1, "reference conformer coordinates [A, 3]", COORDINATE_DTYPES),
+        _atom("ref_element", 1, "one-hot element [A, 128]", ID_DTYPES),
         _atom("ref_charge", description="formal charge"),
-        _atom("ref_atom_name_chars", 2, "one-hot atom-name characters [A, 4, 64]"),
-        _atom("ref_space_uid", description="id of the reference conformer space"),
+        _atom("ref_atom_name_chars", 2, "one-hot atom-name characters [A, 4, 64]", ID_DTYPES),
+        _atom("ref_space_uid", description="id of the reference conformer space", dtypes=ID_DTYPES),
         _atom("atom_resolved_mask", description="1 where the atom is resolved"),
         _atom("atom_pad_mask", description="1 real atom, 0 pad"),
-        FeatureSpec("coords", (ENSEMBLE, ATOMS, None), description="coordinates [E, A, 3]"),
+        FeatureSpec(
+            "coords",
+            (ENSEMBLE, ATOMS, None),
+            description="coordinates [E, A, 3]",
+            dtypes=COORDINATE_DTYPES,
+        ),
         FeatureSpec(
             "atom_to_token",
             (ATOMS, TOKENS),
@@ -155,7 +185,7 @@ def boltz1_specs() -> list[FeatureSpec]:
     """Every feature of the Boltz-1 featurizer."""
     return [
         *_common_token_specs(),
-        _token("pocket_feature", 1, "one-hot pocket conditioning [N, 4]"),
+        _token("pocket_feature", 1, "one-hot pocket conditioning [N, 4]", ID_DTYPES),
         *_common_atom_specs(),
         _pair("disto_target", 1, "one-hot distogram target [N, N, 64]"),
         FeatureSpec(
@@ -166,7 +196,7 @@ def boltz1_specs() -> list[FeatureSpec]:
             description="frame atoms [N, 3] (atom indices)",
         ),
         _token("frame_resolved_mask", description="1 where the frame is resolved"),
-        _msa("msa", 1, pad=MSA_GAP_ID, description="one-hot MSA [S, N, 33]"),
+        _msa("msa", 1, pad=MSA_GAP_ID, description="one-hot MSA [S, N, 33]", dtypes=ID_DTYPES),
         _msa("msa_paired"),
         _msa("deletion_value"),
         _msa("has_deletion"),
@@ -179,18 +209,18 @@ def boltz2_specs() -> list[FeatureSpec]:
     """Every feature of the Boltz-2 featurizer (training and inference)."""
     return [
         *_common_token_specs(),
-        _token("method_feature", description="experimental method id"),
+        _token("method_feature", description="experimental method id", dtypes=ID_DTYPES),
         _token("modified", description="1 for a modified residue"),
         _token("affinity_token_mask", description="1 for tokens of the affinity ligand"),
-        _pair("type_bonds", description="bond type ids [N, N]"),
-        _pair("contact_conditioning", 1, "one-hot contact conditioning [N, N, 5]"),
+        _pair("type_bonds", description="bond type ids [N, N]", dtypes=ID_DTYPES),
+        _pair("contact_conditioning", 1, "one-hot contact conditioning [N, N, 5]", ID_DTYPES),
         _pair("contact_threshold", description="contact distance thresholds [N, N]"),
         _pair("disto_target", 2, "one-hot distogram target [N, N, K, 64]"),
         *_common_atom_specs(),
-        _atom("ref_chirality", description="chirality id"),
-        _atom("atom_backbone_feat", 1, "one-hot backbone atom type [A, 17]"),
-        _atom("bfactor", description="B-factor"),
-        _atom("plddt", description="pLDDT"),
+        _atom("ref_chirality", description="chirality id", dtypes=ID_DTYPES),
+        _atom("atom_backbone_feat", 1, "one-hot backbone atom type [A, 17]", ID_DTYPES),
+        _atom("bfactor", description="B-factor", dtypes=COORDINATE_DTYPES),
+        _atom("plddt", description="pLDDT", dtypes=COORDINATE_DTYPES),
         FeatureSpec(
             "token_to_center_atom",
             (TOKENS, ATOMS),
@@ -201,6 +231,7 @@ def boltz2_specs() -> list[FeatureSpec]:
             "disto_coords_ensemble",
             (ENSEMBLE, TOKENS, None),
             description="distogram centers per conformer [K, N, 3]",
+            dtypes=COORDINATE_DTYPES,
         ),
         FeatureSpec(
             "frames_idx",
@@ -214,17 +245,24 @@ def boltz2_specs() -> list[FeatureSpec]:
             (ENSEMBLE, TOKENS),
             description="1 where the frame is resolved [E, N]",
         ),
-        _list("ensemble_ref_idxs", description="[K] conformers used for the distogram"),
-        _msa("msa", pad=MSA_GAP_ID, description="MSA residue ids [S, N]"),
+        FeatureSpec(
+            "ensemble_ref_idxs",
+            (None,),
+            index_of=ENSEMBLE,
+            mode=REPLICATE,
+            dtypes=_INDEX_DTYPES,
+            description="[K] conformers used for the distogram (their ids, >= 0)",
+        ),
+        _msa("msa", pad=MSA_GAP_ID, description="MSA residue ids [S, N]", dtypes=ID_DTYPES),
         _msa("msa_paired"),
         _msa("deletion_value"),
         _msa("has_deletion"),
         _msa("msa_mask"),
-        _template("template_restype", 1),
-        _template("template_frame_rot", 2),
-        _template("template_frame_t", 1),
-        _template("template_cb", 1),
-        _template("template_ca", 1),
+        _template("template_restype", 1, ID_DTYPES),
+        _template("template_frame_rot", 2, COORDINATE_DTYPES),
+        _template("template_frame_t", 1, COORDINATE_DTYPES),
+        _template("template_cb", 1, COORDINATE_DTYPES),
+        _template("template_ca", 1, COORDINATE_DTYPES),
         _template("template_mask_cb"),
         _template("template_mask_frame"),
         _template("template_mask"),

@@ -95,6 +95,10 @@ class FeatureSpec:
         ``"shard"``, ``"replicate"`` or ``"passthrough"`` (see :data:`MODES`).
     description : str
         One line on what the feature is.
+    allow_nonfinite : bool, default False
+        The feature may hold NaN or infinite values; a feature file holding them in any
+        other floating feature is refused
+        (:func:`~physicsnemo_foldcp.data.files.validate_sample`).
     """
 
     name: str
@@ -105,6 +109,7 @@ class FeatureSpec:
     one_hot: bool = False
     mode: str = SHARD
     description: str = ""
+    allow_nonfinite: bool = False
     _placements: tuple[Placement, Placement] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -196,6 +201,8 @@ class FeatureSpec:
             out["one_hot"] = True
         if self.mode != SHARD:
             out["mode"] = self.mode
+        if self.allow_nonfinite:
+            out["allow_nonfinite"] = True
         return out
 
     @classmethod
@@ -209,9 +216,18 @@ class FeatureSpec:
         config : Mapping
             ``axes`` (list of axis names or null) and optionally ``pad_value``,
             ``dtypes`` (names such as ``"int64"``), ``index_of``, ``one_hot``, ``mode``,
-            ``description``.
+            ``description``, ``allow_nonfinite``.
         """
-        known = {"axes", "pad_value", "dtypes", "index_of", "one_hot", "mode", "description"}
+        known = {
+            "axes",
+            "pad_value",
+            "dtypes",
+            "index_of",
+            "one_hot",
+            "mode",
+            "description",
+            "allow_nonfinite",
+        }
         unknown = set(config) - known
         if unknown:
             raise ValueError(f"feature {name!r}: unknown spec field(s) {sorted(unknown)}")
@@ -230,6 +246,7 @@ class FeatureSpec:
             one_hot=bool(config.get("one_hot", False)),
             mode=config.get("mode", SHARD),
             description=config.get("description", ""),
+            allow_nonfinite=bool(config.get("allow_nonfinite", False)),
         )
 
 

@@ -17,7 +17,14 @@ from typing import Any
 import torch
 
 from physicsnemo_foldcp.features.registry import FeatureRegistry
-from physicsnemo_foldcp.features.spec import ATOMS, PASSTHROUGH, RSET, TOKENS, FeatureSpec
+from physicsnemo_foldcp.features.spec import (
+    ATOMS,
+    ENSEMBLE,
+    PASSTHROUGH,
+    RSET,
+    TOKENS,
+    FeatureSpec,
+)
 from physicsnemo_foldcp.sharding.balance import token_bounds_for
 from physicsnemo_foldcp.sharding.maps import exact_map_rows, padded_index_map
 from physicsnemo_foldcp.sharding.options import ShardingOptions, options_or_defaults
@@ -30,6 +37,7 @@ from physicsnemo_foldcp.sharding.validation import (
     check_dtype,
     check_index_range,
     check_map_within_tokens,
+    check_nonnegative_indices,
     detect_batch,
     find_map,
     rset_row_tokens,
@@ -62,6 +70,13 @@ def _atom_tokens(
     except FeatureValidationError as err:
         raise FeatureValidationError(str(err).replace("atom_to_token", map_name)) from None
     return atom_tokens, {map_name: atom_tokens}
+
+
+def _first_with(
+    tensors: Mapping[str, torch.Tensor], registry: FeatureRegistry, axis: str
+) -> str | None:
+    """The first feature (sorted) with an axis of meaning ``axis``."""
+    return next((n for n in sorted(tensors) if registry[n].axes_of(axis)), None)
 
 
 def _plan(
@@ -203,6 +218,14 @@ def prepare_sample(
         raise FeatureValidationError(
             "the sample has no sharded feature with a token axis; nothing to plan from"
         )
+    if lengths[TOKENS] == 0:
+        raise FeatureValidationError(
+            f"the sample is an empty complex: its token axes have length 0 (e.g. "
+            f"{_first_with(tensors, registry, TOKENS)!r}); a complex needs at least one token"
+        )
+    for name, t in tensors.items():
+        if registry[name].index_of == ENSEMBLE:
+            check_nonnegative_indices(name, t, ENSEMBLE)
     plan, map_index = _plan(tensors, registry, cp, lengths, options, token_bounds)
 
     sources: dict[str, torch.Tensor] = {}

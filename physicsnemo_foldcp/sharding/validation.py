@@ -205,6 +205,19 @@ def check_index_range(name: str, t: torch.Tensor, target: str | Axis, length: in
         )
 
 
+def check_nonnegative_indices(name: str, t: torch.Tensor, target: str | Axis) -> None:
+    """Raise unless every value of index feature ``name`` is ``>= 0``.
+
+    For indices whose upper bound the sample does not carry (a conformer id of
+    ``ensemble_ref_idxs`` indexes the structure's whole ensemble, not the sample's ``E``).
+    """
+    if t.numel() and int(t.min()) < 0:
+        raise FeatureValidationError(
+            f"feature {name!r} holds {target} indices, but value {int(t.min())} is out of "
+            "range: indices must be >= 0"
+        )
+
+
 # -- one-hot maps ----------------------------------------------------------------------------
 
 
@@ -407,6 +420,7 @@ __all__ = [
     "check_dtype",
     "check_index_range",
     "check_map_within_tokens",
+    "check_nonnegative_indices",
     "detect_batch",
     "find_map",
     "rset_row_tokens",
