@@ -34,6 +34,7 @@ from physicsnemo_foldcp.training.loop import (
     write_summary,
 )
 from physicsnemo_foldcp.training.predict import (
+    OutputExistsError,
     OutputNameError,
     PredictionResult,
     predict,
@@ -49,6 +50,7 @@ __all__ = [
     "BatchedFiles",
     "CheckpointError",
     "OptimizerSettings",
+    "OutputExistsError",
     "OutputNameError",
     "PredictionResult",
     "RunDirectoryError",

@@ -10,18 +10,25 @@ is the same whatever the mesh: a serial prediction writes it too.
 
 File names are planned before anything is written (:func:`output_names`): from
 ``dataset.record_id(index)`` when the dataset has that method, otherwise from each sample's
-``record_id`` (rank 0 reads every sample once for it). A record id is made file-safe
-(characters other than letters, digits, ``.``, ``_`` and ``-`` become ``_``), so two ids
-such as ``a/b`` and ``a_b`` would share a file: that, or two samples with one id, is an
-:class:`OutputNameError` naming both, raised on every rank before any file is written. Each
-file is written under a temporary name and moved into place.
+``record_id`` (rank 0 reads every sample once for it). :func:`record_stem` owns the rule
+from a record id to a file name, for every writer of per-record files: characters other
+than letters, digits, ``.``, ``_`` and ``-`` become ``_``, and an id longer than
+:data:`MAX_STEM` characters is cut and given a hash of the whole id, so every name fits a
+file system's 255-byte limit. Two ids such as ``a/b`` and ``a_b`` would share a file: that,
+or two samples with one id, is an :class:`OutputNameError` naming both, raised on every
+rank before any file is written. So is a planned file that already exists in ``out_dir``
+(:class:`OutputExistsError`) unless ``overwrite`` is set, and even then a file there that is
+not a prediction this project wrote, or a symlink, is refused. Each file is written under a
+temporary name and moved into place.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +53,23 @@ logger = logging.getLogger("physicsnemo_foldcp.training")
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
+MAX_STEM = 200
+"""Longest file-name stem :func:`record_stem` gives (ASCII, so bytes): with a suffix and the
+temporary name's extra 18 characters it stays within the usual 255-byte name limit."""
+
+HASH_CHARS = 16
+"""Hex digits of the SHA-256 of the record id that end a shortened stem."""
+
+PREDICTION_MEMBERS = frozenset({"pdistogram.npy", "record_id.npy"})
+"""The members of a prediction file :func:`write_distogram` writes."""
+
 
 class OutputNameError(ValueError):
     """Two samples would write the same prediction file; nothing was written."""
+
+
+class OutputExistsError(OutputNameError):
+    """A prediction file to write is already in the output directory; nothing was written."""
 
 
 @dataclass
@@ -70,11 +91,40 @@ class PredictionResult:
     failed: dict[int, str] = field(default_factory=dict)
 
 
-def output_name(record_id: Any, index: int) -> str:
-    """File name of a sample's prediction: its record id (made file-safe), or its index."""
+def record_stem(record_id: Any, index: int) -> str:
+    """The file-name stem of one record's outputs (the one naming rule of every writer).
+
+    Parameters
+    ----------
+    record_id : Any
+        The record's id (``str(record_id)`` is used); ``None`` or ``""``: none.
+    index : int
+        The sample's dataset index, for a record without an id.
+
+    Returns
+    -------
+    str
+        ``sample_<index:06d>`` without an id; otherwise the id with every run of characters
+        other than ``A-Z a-z 0-9 . _ -`` replaced by ``_``. A result longer than
+        :data:`MAX_STEM` is cut to ``MAX_STEM - HASH_CHARS - 1`` characters and ends in
+        ``-`` and the first :data:`HASH_CHARS` hex digits of the SHA-256 of the whole id,
+        so it is deterministic, fits any file system's name limit with a suffix, and two
+        long ids that share their beginning still differ. A writer adds its suffix
+        (``.npz``, ``_model_0.cif``, ...) of at most ``255 - MAX_STEM - 19`` characters.
+    """
     if record_id is None or str(record_id) == "":
-        return f"sample_{index:06d}.npz"
-    return _SAFE.sub("_", str(record_id)) + ".npz"
+        return f"sample_{index:06d}"
+    text = str(record_id)
+    stem = _SAFE.sub("_", text)
+    if len(stem) > MAX_STEM:
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        stem = f"{stem[: MAX_STEM - HASH_CHARS - 1]}-{digest[:HASH_CHARS]}"
+    return stem
+
+
+def output_name(record_id: Any, index: int) -> str:
+    """File name of a sample's prediction: ``record_stem(record_id, index) + ".npz"``."""
+    return record_stem(record_id, index) + ".npz"
 
 
 def dataset_record_ids(dataset: Any) -> list[Any]:
@@ -103,19 +153,96 @@ def output_names(record_ids: Sequence[Any]) -> list[str]:
         if name in first:
             j = first[name]
             raise OutputNameError(
-                f"samples {j} (record id {record_ids[j]!r}) and {i} (record id "
-                f"{record_ids[i]!r}) would both be written to {name}: record ids must stay "
-                "distinct once made file-safe; nothing was written"
+                f"samples {j} (record id {_shown(record_ids[j])}) and {i} (record id "
+                f"{_shown(record_ids[i])}) would both be written to {name}: record ids must "
+                "stay distinct once made file-safe; nothing was written"
             )
         first[name] = i
     return names
 
 
-def planned_names(dataset: Any, mesh: FoldMesh) -> list[str]:
-    """:func:`output_names` decided on rank 0, the same names or error on every rank."""
-    return on_rank_zero(
-        lambda: output_names(dataset_record_ids(dataset)), "planning the prediction files"
+def _shown(record_id: Any) -> str:
+    text = repr(record_id)
+    return text if len(text) <= 80 else f"{text[:60]}...({len(str(record_id))} characters)"
+
+
+def is_prediction_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a regular file holding exactly what :func:`write_distogram` writes.
+
+    Reads the zip directory only (nothing is decompressed).
+    """
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return set(archive.namelist()) == PREDICTION_MEMBERS
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def check_out_dir(out_dir: str | os.PathLike, names: Sequence[str], overwrite: bool) -> None:
+    """Refuse a planned prediction file that is already in ``out_dir`` (reads only).
+
+    Parameters
+    ----------
+    out_dir : path
+        The prediction directory (it need not exist).
+    names : sequence of str
+        The planned file names (:func:`output_names`).
+    overwrite : bool
+        Replace earlier predictions of this project; a file that is not one (a user's, a
+        symlink) is refused all the same.
+
+    Raises
+    ------
+    OutputExistsError
+        Naming the directory and the first files at fault.
+    """
+    out_dir = Path(out_dir)
+    if os.path.lexists(out_dir) and not out_dir.is_dir():
+        raise OutputExistsError(
+            f"predict out_dir {out_dir} is not a directory: nothing was written"
+        )
+    if not out_dir.is_dir():
+        return
+    present = [n for n in names if os.path.lexists(out_dir / n)]
+    if not present:
+        return
+    foreign = [n for n in present if not is_prediction_file(out_dir / n)]
+    if overwrite and not foreign:
+        return
+    shown = foreign if overwrite else present
+    listing = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+    if overwrite:
+        raise OutputExistsError(
+            f"predict out_dir {out_dir} holds {len(shown)} file(s) under the names this run "
+            f"writes that are not predictions this project wrote ({listing}): refused even "
+            "with overwrite, so that no file of yours is replaced; nothing was written"
+        )
+    raise OutputExistsError(
+        f"predict out_dir {out_dir} already holds {len(shown)} of the files this run writes "
+        f"({listing}): nothing was written; pass overwrite=True (predict.overwrite=true) to "
+        "replace earlier predictions, or choose another out_dir"
     )
+
+
+def planned_names(
+    dataset: Any, mesh: FoldMesh, out_dir: str | os.PathLike | None = None, overwrite: bool = False
+) -> list[str]:
+    """:func:`output_names` decided on rank 0, the same names or error on every rank.
+
+    With ``out_dir``, the names are also checked against the files there
+    (:func:`check_out_dir`).
+    """
+
+    def plan() -> list[str]:
+        names = output_names(dataset_record_ids(dataset))
+        if out_dir is not None:
+            check_out_dir(out_dir, names, overwrite)
+        return names
+
+    return on_rank_zero(plan, "planning the prediction files")
 
 
 def serial_distogram(pdistogram: torch.Tensor, features: Mapping[str, Any]) -> torch.Tensor:
@@ -215,6 +342,7 @@ def predict(
     precision: str = "fp32",
     loader_options: Mapping[str, Any] | None = None,
     output_key: str = "pdistogram",
+    overwrite: bool = False,
 ) -> PredictionResult:
     """Predict every sample of ``dataset`` once and write its distogram (call on every rank).
 
@@ -237,6 +365,9 @@ def predict(
         Further :class:`~physicsnemo_foldcp.data.ShardedLoader` arguments.
     output_key : str, default "pdistogram"
         Entry of the model's output dict to write.
+    overwrite : bool, default False
+        Replace prediction files of an earlier run in ``out_dir`` instead of refusing them
+        (files that are not this project's predictions are refused all the same).
 
     Returns
     -------
@@ -247,8 +378,11 @@ def predict(
     ------
     OutputNameError
         Before anything is written, when two samples would write the same file.
+    OutputExistsError
+        Before anything is written, when a file to write is already in ``out_dir`` (see
+        :func:`check_out_dir`).
     """
-    names = planned_names(dataset, mesh)
+    names = planned_names(dataset, mesh, out_dir, overwrite)
     set_precision(precision)
     model = model.to(mesh.device)
     sync_over_domain(model, mesh)
@@ -274,15 +408,22 @@ def predict(
 
 
 __all__ = [
+    "HASH_CHARS",
+    "MAX_STEM",
+    "PREDICTION_MEMBERS",
+    "OutputExistsError",
     "OutputNameError",
     "PredictionResult",
+    "check_out_dir",
     "dataset_record_ids",
+    "is_prediction_file",
     "output_name",
     "output_names",
     "planned_names",
     "predict",
     "predict_item",
     "read_distogram",
+    "record_stem",
     "serial_distogram",
     "write_distogram",
     "write_prediction",
