@@ -8,7 +8,9 @@ predict.checkpoint is a step_<k>/ directory written by training, on any mesh and
 (read safely: nothing in it is unpickled as code). Each domain group predicts its share of
 the samples; its source rank writes <predict.out_dir>/<record_id>.npz holding pdistogram
 [N, N, bins] (serial token layout), the same files whatever the mesh. Two record ids that
-map to one file name stop the run before anything is written.
+map to one file name, or a file of that name already in out_dir (unless
+predict.overwrite=true, which replaces earlier predictions only), stop the run before
+anything is written.
 """
 
 import dataclasses
@@ -56,6 +58,7 @@ def main(cfg: DictConfig) -> None:
             options.out_dir,
             registry=registry,
             precision=options.precision,
+            overwrite=options.overwrite,
             loader_options=loader_options(sharding, num_workers=data.num_workers),
         )
         if mesh.rank == 0:

@@ -58,10 +58,11 @@ def main(cfg: DictConfig) -> None:
     mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
     metric_logger = None
     try:
-        metric_logger = MetricLogger(conf.logging, conf.run_dir, config)
         registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
         model = build_model(conf.model, conf.train.seed)
         dataset = build_dataset(data, model)
+        # The first output (MLflow's store) only once every group has been built.
+        metric_logger = MetricLogger(conf.logging, conf.run_dir, config)
         if mesh.rank == 0:
             logging.info("%s", dataset)
         train(

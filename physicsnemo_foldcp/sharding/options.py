@@ -25,6 +25,20 @@ METHODS = ("p2p", "scatter_tensor")
 """Transports of the scatter: the true scatter, or PhysicsNeMo's broadcast baseline."""
 
 
+MAX_MULTIPLE = 4096
+"""Largest ``token_multiple`` / ``atom_multiple``: a pad multiple beyond a large complex's
+row block only pads, and one near 2**31 overflows the plan's index arithmetic."""
+
+
+def bounded_multiple(name: str, value: Any) -> int:
+    """``value`` if it is an integer in ``[1, MAX_MULTIPLE]``; else a ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_MULTIPLE:
+        raise ValueError(
+            f"{name} must be an integer >= 1, got {value!r}: the range is [1, {MAX_MULTIPLE}]"
+        )
+    return value
+
+
 def positive_int(name: str, value: Any) -> int:
     """``value`` if it is an integer >= 1 (not a bool); else a ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -85,9 +99,10 @@ class ShardingOptions:
     ----------
     token_multiple : int, default 1
         Pad each row block's tokens up to a multiple of this (pads hold the pad value, so
-        masks are 0 there).
+        masks are 0 there); at most :data:`MAX_MULTIPLE`.
     atom_multiple : int, default 1
-        Pad each row block's atoms up to a multiple of this (e.g. 32, Boltz's atom window).
+        Pad each row block's atoms up to a multiple of this (e.g. 32, Boltz's atom
+        window); at most :data:`MAX_MULTIPLE`.
     align_lengths : bool, default False
         Pad every axis of one meaning to the longest instead of raising when they differ.
     balance : BalanceOptions, default even
@@ -109,8 +124,8 @@ class ShardingOptions:
     method: str = "p2p"
 
     def __post_init__(self) -> None:
-        positive_int("token_multiple", self.token_multiple)
-        positive_int("atom_multiple", self.atom_multiple)
+        bounded_multiple("token_multiple", self.token_multiple)
+        bounded_multiple("atom_multiple", self.atom_multiple)
         if not isinstance(self.align_lengths, bool):
             raise ValueError(f"align_lengths must be a bool, got {self.align_lengths!r}")
         if isinstance(self.balance, Mapping):
@@ -175,9 +190,11 @@ def options_or_defaults(options: ShardingOptions | None, caller: str) -> Shardin
 __all__ = [
     "BALANCE_MODES",
     "MAP_LAYOUTS",
+    "MAX_MULTIPLE",
     "METHODS",
     "BalanceOptions",
     "ShardingOptions",
+    "bounded_multiple",
     "options_or_defaults",
     "positive_int",
 ]

@@ -4,7 +4,9 @@ Every config group of ``conf/`` has a schema here, registered in Hydra's ConfigS
 ``<group>/schema`` (``data/synthetic_schema``, ``data/files_schema``,
 ``model/reference_schema``, ``model/boltz2_trunk_schema``); the group's YAML files select
 it and only override a value deliberately, with a comment saying why. Composition refuses
-unknown keys and values of the wrong type, naming them. Each default is written once: in
+unknown keys and values of the wrong type, naming them; building a schema's dataclass
+checks every numeric option with a range (:mod:`~physicsnemo_foldcp.training.bounds`),
+so an app stops on a bad value before it writes anything. Each default is written once: in
 the schema, or in the class or function the schema configures, from which the schema
 reads it.
 
@@ -61,6 +63,7 @@ from physicsnemo_foldcp.distributed.bootstrap import init_mesh
 from physicsnemo_foldcp.models.boltz2_config import Boltz2TrunkConfig
 from physicsnemo_foldcp.models.reference import ModelConfig
 from physicsnemo_foldcp.sharding.options import ShardingOptions
+from physicsnemo_foldcp.training.bounds import check_range, check_seed
 from physicsnemo_foldcp.training.logs import LoggingSettings
 from physicsnemo_foldcp.training.loop import OptimizerSettings, TrainSettings
 from physicsnemo_foldcp.training.predict import predict
@@ -165,6 +168,11 @@ class MeshConfig:
     cp: list[int] = field(default_factory=lambda: list(default_of(init_mesh, "cp")))
     timeout_s: float | None = default_of(init_mesh, "timeout_s")
 
+    def __post_init__(self) -> None:
+        # The sizes are checked against the world size by init_mesh, before any work.
+        if self.timeout_s is not None:
+            check_range("mesh.timeout_s", self.timeout_s, low=0.0, low_open=True)
+
 
 @dataclass
 class SyntheticDataConfig:
@@ -194,6 +202,15 @@ class SyntheticDataConfig:
     n_conformers: int = default_of(SyntheticComplexes, "n_conformers")
     num_workers: int = default_of(ShardedLoader, "num_workers")
 
+    def __post_init__(self) -> None:
+        check_range("data.n_samples", self.n_samples, low=1, integer=True)
+        check_range("data.min_tokens", self.min_tokens, low=2, integer=True)
+        check_range("data.max_tokens", self.max_tokens, low=self.min_tokens, integer=True)
+        check_seed("data.seed", self.seed)
+        check_range("data.msa_rows", self.msa_rows, low=1, integer=True)
+        check_range("data.n_conformers", self.n_conformers, low=1, integer=True)
+        check_range("data.num_workers", self.num_workers, low=0, integer=True)
+
 
 @dataclass
 class FilesDataConfig:
@@ -207,6 +224,9 @@ class FilesDataConfig:
         A directory of sample files, or one file (mandatory).
     validate : bool
         Check every sample against the registry when it is loaded.
+    max_sample_bytes : int
+        Largest sample read, in bytes once decompressed (checked from the sizes a file
+        declares, before anything is decompressed).
     num_workers : int
         DataLoader workers prefetching on each domain source.
     """
@@ -214,7 +234,12 @@ class FilesDataConfig:
     kind: str = "files"
     path: str = MISSING
     validate: bool = default_of(FeatureFileDataset, "validate")
+    max_sample_bytes: int = default_of(FeatureFileDataset, "max_bytes")
     num_workers: int = default_of(ShardedLoader, "num_workers")
+
+    def __post_init__(self) -> None:
+        check_range("data.max_sample_bytes", self.max_sample_bytes, low=1, integer=True)
+        check_range("data.num_workers", self.num_workers, low=0, integer=True)
 
 
 @dataclass
@@ -231,6 +256,9 @@ class PredictConfig:
     out_dir : str
         Directory of the ``<record_id>.npz`` distograms (one file per record id; ids
         that map to one file name are refused before anything is written).
+    overwrite : bool
+        Replace prediction files already in ``out_dir``; otherwise they are refused, by
+        name, before anything is written.
     precision : {"fp32", "tf32", "bf16"}
         Numerics of the forward pass (see :func:`~physicsnemo_foldcp.training.predict`).
     """
@@ -238,7 +266,11 @@ class PredictConfig:
     checkpoint: str | None = None
     seed: int = 0
     out_dir: str = "runs/predict"
+    overwrite: bool = default_of(predict, "overwrite")
     precision: str = default_of(predict, "precision")
+
+    def __post_init__(self) -> None:
+        check_seed("predict.seed", self.seed)
 
 
 @dataclass
@@ -250,8 +282,8 @@ class RegistryConfig:
     preset : str or None
         Preset to start from (``boltz1``, ``boltz2``); ``None``: an empty registry.
     features : dict[str, Any]
-        ``{name: {axes, pad_value, dtypes, index_of, one_hot, mode, description}}`` added
-        or replacing the preset's.
+        ``{name: {axes, pad_value, dtypes, index_of, one_hot, mode, description,
+        allow_nonfinite}}`` added or replacing the preset's.
     remove : list[str]
         Features dropped from the preset.
     """
@@ -281,6 +313,12 @@ class SampleConfig:
     seed: int = default_of(make_complex, "seed")
     msa_rows: int = 64
     n_conformers: int = default_of(make_complex, "n_conformers")
+
+    def __post_init__(self) -> None:
+        check_range("sample.n_tokens", self.n_tokens, low=1, integer=True)
+        check_seed("sample.seed", self.seed)
+        check_range("sample.msa_rows", self.msa_rows, low=1, integer=True)
+        check_range("sample.n_conformers", self.n_conformers, low=1, integer=True)
 
 
 @dataclass
@@ -433,7 +471,9 @@ def build_dataset(data: Any, model: nn.Module | None = None) -> SyntheticComplex
     """
     config = data_config(data)
     if isinstance(config, FilesDataConfig):
-        return BatchedFiles(config.path, validate=config.validate)
+        return BatchedFiles(
+            config.path, validate=config.validate, max_bytes=config.max_sample_bytes
+        )
     return SyntheticComplexes(
         config.n_samples,
         config.min_tokens,

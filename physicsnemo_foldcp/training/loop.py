@@ -42,6 +42,7 @@ from physicsnemo_foldcp.distributed.wrappers import (
 )
 from physicsnemo_foldcp.features.registry import FeatureRegistry
 from physicsnemo_foldcp.training.atomic import write_text_atomic
+from physicsnemo_foldcp.training.bounds import check_range, check_seed
 from physicsnemo_foldcp.training.checkpoint import load_checkpoint, save_checkpoint
 from physicsnemo_foldcp.training.compile import (
     COMPILE_MODES,
@@ -94,7 +95,9 @@ class OptimizerSettings:
     Notes
     -----
     This is also the schema of the Hydra ``optimizer`` group
-    (:mod:`physicsnemo_foldcp.training.config`): its defaults are the only ones.
+    (:mod:`physicsnemo_foldcp.training.config`): its defaults are the only ones. Ranges:
+    ``lr > 0``, ``weight_decay >= 0``, each beta in ``[0, 1)``, ``momentum`` in ``[0, 1]``
+    (:class:`~physicsnemo_foldcp.training.bounds.OptionRangeError` otherwise).
     """
 
     name: str = "adamw"
@@ -106,9 +109,14 @@ class OptimizerSettings:
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
             raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {self.name!r}")
-        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
         if len(self.betas) != 2:
             raise ValueError(f"optimizer.betas must be two numbers, got {list(self.betas)}")
+        for i, beta in enumerate(self.betas):
+            check_range(f"optimizer.betas[{i}]", beta, low=0.0, high=1.0, high_open=True)
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        check_range("optimizer.lr", self.lr, low=0.0, low_open=True)
+        check_range("optimizer.weight_decay", self.weight_decay, low=0.0)
+        check_range("optimizer.momentum", self.momentum, low=0.0, high=1.0)
 
 
 @dataclass
@@ -173,7 +181,8 @@ class TrainSettings:
     -----
     This is also the schema of the Hydra ``train`` group
     (:mod:`physicsnemo_foldcp.training.config`): its defaults are the only ones. Invalid
-    values raise when the settings are built.
+    values raise when the settings are built (numbers out of range with
+    :class:`~physicsnemo_foldcp.training.bounds.OptionRangeError`).
     """
 
     steps: int = 30
@@ -206,14 +215,14 @@ class TrainSettings:
                 f"{self.batch_size}: each domain group trains on one complex per step; grow "
                 "the global batch over the ddp mesh axis (mesh.ddp) instead"
             )
-        if self.steps < 0:
-            raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+        check_range("train.steps", self.steps, low=0, integer=True)
+        check_seed("train.seed", self.seed)
+        check_range("train.log_every", self.log_every, low=0, integer=True)
+        check_range("train.checkpoint_every", self.checkpoint_every, low=0, integer=True)
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"train.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
-        if self.checkpoint_every < 0 or self.log_every < 0:
-            raise ValueError("train.checkpoint_every and train.log_every must be >= 0")
         if self.resume == "latest" and not self.checkpoint_dir:
             raise ValueError("train.resume=latest needs train.checkpoint_dir")
 
