@@ -5,6 +5,8 @@
   unpickling arbitrary objects; :mod:`~physicsnemo_foldcp.training.rundir`: which run a
   directory belongs to (``train.resume=auto``, ``train.overwrite``) and which of its files
   a run may rewrite; :mod:`~physicsnemo_foldcp.training.runlock`: one run per directory.
+* :mod:`~physicsnemo_foldcp.training.boltz_weights`: Boltz-2's released Lightning weights,
+  read without running code from them and converted to a checkpoint directory.
 * :func:`predict`: distograms of a dataset, written in the serial layout.
 * :func:`validate_model`: serial vs distributed comparison of your own model.
 * :func:`compile_model`: whole-model or regional ``torch.compile`` by CP shape.
