@@ -1,4 +1,5 @@
-"""A run directory held by another run, or holding a user's file, stops every rank at once."""
+"""A run or prediction directory held by another run, or holding a user's file, stops every
+rank at once."""
 
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import torch.distributed as dist
 
 from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel
 from physicsnemo_foldcp.testing import collective_assert
-from physicsnemo_foldcp.training import SyntheticComplexes, TrainSettings, train
+from physicsnemo_foldcp.training import SyntheticComplexes, TrainSettings, predict, train
 from physicsnemo_foldcp.training.runlock import LOCK_NAME
 
 pytestmark = pytest.mark.multigpu_static
@@ -88,4 +89,29 @@ def test_a_users_summary_is_refused_on_every_rank_and_kept(fold_mesh, shared_dir
     problems = problems_of(message, seconds, ["RunDirectoryError", f"={summary} is a file"])
     if summary.read_text() != "mine\n":
         problems.append("the user's summary was changed")
+    collective_assert(not problems, "; ".join(problems))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=str)
+def test_a_users_file_in_the_prediction_dir_is_refused_on_every_rank(fold_mesh, shared_dir):
+    mine = shared_dir / "b.npz"
+    if dist.get_rank() == 0:
+        mine.write_bytes(b"mine")
+    dist.barrier()
+
+    class Named(SyntheticComplexes):
+        def record_id(self, index):
+            return ["a", "b"][index]
+
+    torch.manual_seed(5)
+    start = time.monotonic()
+    try:
+        predict(ReferenceFoldModel(CONFIG), fold_mesh, Named(2, 9, 11, seed=1), shared_dir)
+        message = None
+    except Exception as err:  # noqa: BLE001 - the test reads the message of any error
+        message = f"{type(err).__name__}: {err}"
+    names = ["OutputExistsError", f"predict out_dir {shared_dir}", "(b.npz)"]
+    problems = problems_of(message, time.monotonic() - start, names)
+    if sorted(p.name for p in shared_dir.iterdir()) != ["b.npz"] or mine.read_bytes() != b"mine":
+        problems.append("the refused prediction changed the directory")
     collective_assert(not problems, "; ".join(problems))
