@@ -8,9 +8,17 @@
   data module of sharded loaders (a plain class without Lightning). It is imported on
   first use, so importing the package never imports Lightning.
 * :mod:`~physicsnemo_foldcp.data.files`: feature dicts stored one per ``.pt`` / ``.npz``.
+* :mod:`~physicsnemo_foldcp.data.boltz_inputs`: :class:`BoltzInputs`, Boltz's YAML / FASTA
+  inputs through Boltz's own processing and Boltz-2 featurizer (Boltz is imported on first
+  use).
 * :mod:`~physicsnemo_foldcp.data.synthetic`: realistic synthetic Boltz-1/2 samples.
 """
 
+from physicsnemo_foldcp.data.boltz_inputs import (
+    BoltzInputError,
+    BoltzInputs,
+    MissingMoleculeError,
+)
 from physicsnemo_foldcp.data.files import (
     FeatureFileDataset,
     FeatureFileError,
@@ -36,12 +44,15 @@ from physicsnemo_foldcp.data.sampling import (
 from physicsnemo_foldcp.data.synthetic import make_complex
 
 __all__ = [
+    "BoltzInputError",
+    "BoltzInputs",
     "EpochSampler",
     "FeatureFileDataset",
     "FeatureFileError",
     "FoldCPDataModule",
     "InferenceOrder",
     "LoaderConfigError",
+    "MissingMoleculeError",
     "SerialLoaderError",
     "ShardedLoader",
     "ShardedSample",

@@ -2,8 +2,9 @@
 
 Every config group of ``conf/`` has a schema here, registered in Hydra's ConfigStore as
 ``<group>/schema`` (``data/synthetic_schema``, ``data/files_schema``,
-``model/reference_schema``, ``model/boltz2_trunk_schema``); the group's YAML files select
-it and only override a value deliberately, with a comment saying why. Composition refuses
+``data/boltz_inputs_schema``, ``model/reference_schema``, ``model/boltz2_trunk_schema``);
+the group's YAML files select it and only override a value deliberately, with a comment
+saying why. Composition refuses
 unknown keys and values of the wrong type, naming them; building a schema's dataclass
 checks every numeric option with a range (:mod:`~physicsnemo_foldcp.training.bounds`),
 so an app stops on a bad value before it writes anything. Each default is written once: in
@@ -15,7 +16,8 @@ group          schema                           defaults from
 =============  ===============================  ====================================
 ``mesh``       :class:`MeshConfig`              ``init_mesh``'s signature
 ``data``       :class:`SyntheticDataConfig`,    ``SyntheticComplexes``,
-               :class:`FilesDataConfig`         ``FeatureFileDataset``, here
+               :class:`FilesDataConfig`,        ``FeatureFileDataset``, here,
+               :class:`BoltzInputsDataConfig`   ``BoltzInputs``
 ``model``      :data:`REFERENCE_MODEL_SCHEMA`,  ``models.ModelConfig``,
                :data:`BOLTZ2_TRUNK_SCHEMA`      ``models.Boltz2TrunkConfig``
 ``optimizer``  ``loop.OptimizerSettings``       itself
@@ -55,6 +57,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationEr
 from torch import nn
 
 from physicsnemo_foldcp.boltz import install_for
+from physicsnemo_foldcp.data.boltz_inputs import BoltzInputs
 from physicsnemo_foldcp.data.datasets import BatchedFiles, SyntheticComplexes
 from physicsnemo_foldcp.data.files import FeatureFileDataset
 from physicsnemo_foldcp.data.loader import ShardedLoader
@@ -72,7 +75,7 @@ logger = logging.getLogger("physicsnemo_foldcp.training")
 
 T = TypeVar("T")
 
-DATA_KINDS = ("synthetic", "files")
+DATA_KINDS = ("synthetic", "files", "boltz_inputs")
 """Values of ``data.kind``."""
 
 
@@ -243,6 +246,54 @@ class FilesDataConfig:
 
 
 @dataclass
+class BoltzInputsDataConfig:
+    """Boltz's YAML / FASTA inputs (``data=boltz_inputs``), see :class:`BoltzInputs`.
+
+    Processed once by Boltz's ``process_inputs`` (global rank 0; the other ranks wait)
+    into ``<work_dir>/boltz_inputs_<key>/processed``, then featurized by Boltz-2's
+    inference featurizer on each domain source. Offline: no MSA server, no download.
+
+    Attributes
+    ----------
+    kind : {"boltz_inputs"}
+        Selects this dataset.
+    inputs : str
+        A ``.yaml`` / ``.yml`` / ``.fasta`` file, or a directory of them (mandatory).
+    library_dir : str
+        Boltz's molecule directory (``<CODE>.pkl``, e.g. ``~/.boltz/mols``) or the cache
+        directory holding it as ``mols/`` (mandatory).
+    work_dir : str
+        Where the processed files go; nothing else in it is touched.
+    msa_dir : str or None
+        Relative MSA paths of the inputs are resolved here; ``None``: next to each input.
+    max_msa_seqs : int
+        MSA rows kept when an MSA file is read (Boltz's ``--max_msa_seqs``).
+    method : str or None
+        Boltz-2's method conditioning (Boltz's ``--method``).
+    seed : int or None
+        Seed of the featurizer's random conformer rotation: sample ``i`` uses ``seed + i``.
+    num_workers : int
+        DataLoader workers prefetching on each domain source.
+    """
+
+    kind: str = "boltz_inputs"
+    inputs: str = MISSING
+    library_dir: str = MISSING
+    work_dir: str = "runs/boltz_inputs"
+    msa_dir: str | None = default_of(BoltzInputs, "msa_dir")
+    max_msa_seqs: int = default_of(BoltzInputs, "max_msa_seqs")
+    method: str | None = default_of(BoltzInputs, "method")
+    seed: int | None = default_of(BoltzInputs, "seed")
+    num_workers: int = default_of(ShardedLoader, "num_workers")
+
+    def __post_init__(self) -> None:
+        check_range("data.max_msa_seqs", self.max_msa_seqs, low=1, integer=True)
+        if self.seed is not None:
+            check_seed("data.seed", self.seed)
+        check_range("data.num_workers", self.num_workers, low=0, integer=True)
+
+
+@dataclass
 class PredictConfig:
     """What the prediction app writes (``predict`` group).
 
@@ -378,6 +429,7 @@ def register_configs() -> None:
         ("mesh", "schema", MeshConfig),
         ("data", "synthetic_schema", SyntheticDataConfig),
         ("data", "files_schema", FilesDataConfig),
+        ("data", "boltz_inputs_schema", BoltzInputsDataConfig),
         ("model", "reference_schema", REFERENCE_MODEL_SCHEMA),
         ("model", "boltz2_trunk_schema", BOLTZ2_TRUNK_SCHEMA),
         ("optimizer", "schema", OptimizerSettings),
@@ -437,15 +489,16 @@ def typed(schema: type[T], values: Any, group: str | None) -> T:
         raise ValueError(f"{where}: {str(err).splitlines()[0]}") from err
 
 
-def data_config(data: Any) -> SyntheticDataConfig | FilesDataConfig:
+def data_config(data: Any) -> SyntheticDataConfig | FilesDataConfig | BoltzInputsDataConfig:
     """The ``data`` group as its schema's dataclass (picked by ``data.kind``).
 
     Raises
     ------
     ValueError
-        For an unknown ``kind`` or key, or ``kind=files`` without ``path``.
+        For an unknown ``kind`` or key, ``kind=files`` without ``path``, or
+        ``kind=boltz_inputs`` without ``inputs`` or ``library_dir``.
     """
-    if isinstance(data, (SyntheticDataConfig, FilesDataConfig)):
+    if isinstance(data, (SyntheticDataConfig, FilesDataConfig, BoltzInputsDataConfig)):
         return data
     data = _plain(data)
     kind = data.get("kind")
@@ -453,23 +506,38 @@ def data_config(data: Any) -> SyntheticDataConfig | FilesDataConfig:
         raise ValueError(f"data.kind must be one of {DATA_KINDS}, got {kind!r}")
     if kind == "files" and (data.get("path") in (None, "", MISSING)):
         raise ValueError("data.kind=files needs data.path (a directory or file of samples)")
+    if kind == "boltz_inputs":
+        return typed(BoltzInputsDataConfig, data, "data")
     schema = SyntheticDataConfig if kind == "synthetic" else FilesDataConfig
     return typed(schema, data, "data")
 
 
-def build_dataset(data: Any, model: nn.Module | None = None) -> SyntheticComplexes | BatchedFiles:
+def build_dataset(
+    data: Any, model: nn.Module | None = None
+) -> SyntheticComplexes | BatchedFiles | BoltzInputs:
     """The serial, batched dataset of a ``data`` group.
 
     Parameters
     ----------
     data : DictConfig, Mapping or data config
         ``kind: synthetic`` (:class:`SyntheticDataConfig`) or ``kind: files``
-        (:class:`FilesDataConfig`).
+        (:class:`FilesDataConfig`) or ``kind: boltz_inputs``
+        (:class:`BoltzInputsDataConfig`; call on every rank: rank 0 processes the inputs).
     model : nn.Module, optional
         The model the data is for: synthetic complexes get their atoms padded to its
         ``atom_multiple`` (Boltz's atom window), when it has one.
     """
     config = data_config(data)
+    if isinstance(config, BoltzInputsDataConfig):
+        return BoltzInputs(
+            config.inputs,
+            config.library_dir,
+            config.work_dir,
+            msa_dir=config.msa_dir,
+            max_msa_seqs=config.max_msa_seqs,
+            method=config.method,
+            seed=config.seed,
+        )
     if isinstance(config, FilesDataConfig):
         return BatchedFiles(
             config.path, validate=config.validate, max_bytes=config.max_sample_bytes
@@ -559,6 +627,7 @@ __all__ = [
     "DATA_KINDS",
     "REFERENCE_MODEL_SCHEMA",
     "SHARDING_SCHEMA",
+    "BoltzInputsDataConfig",
     "FilesDataConfig",
     "MeshConfig",
     "PredictAppConfig",
