@@ -16,8 +16,20 @@ import torch
 
 import physicsnemo_foldcp as fc
 from physicsnemo_foldcp.models import ModelConfig, ReferenceFoldModel
-from physicsnemo_foldcp.training import SyntheticComplexes, TrainSettings, train
-from physicsnemo_foldcp.training.checkpoint import checkpoint_path, save_checkpoint
+from physicsnemo_foldcp.training import (
+    OptimizerSettings,
+    SyntheticComplexes,
+    TrainSettings,
+    build_optimizer,
+    train,
+)
+from physicsnemo_foldcp.training.checkpoint import (
+    CheckpointError,
+    checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+    write_checkpoint,
+)
 from physicsnemo_foldcp.training.rundir import (
     MANIFEST_NAME,
     RunDirectoryError,
@@ -213,3 +225,21 @@ def test_each_save_has_its_own_temporary_name_and_leftovers_go_under_the_lock(me
     prepare_run(plan, str(ck), None, "mine", {})
     names = sorted(p.name for p in ck.iterdir())
     assert names == [".step_notes", "run.json", "step_00000001"]
+
+
+def test_a_resume_refuses_a_checkpoint_with_nonfinite_weights(mesh, tmp_path):
+    """``train()`` loads with ``allow_nonfinite=False``: a NaN weight stops the resume."""
+    run(mesh, tmp_path)
+    path = checkpoint_path(tmp_path / "checkpoints", 1)
+    model = ReferenceFoldModel(CONFIG)
+    optimizer = build_optimizer(model, OptimizerSettings())
+    state = load_checkpoint(path, model, optimizer, restore_rng=False)
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    write_checkpoint(
+        path, 1, model, optimizer, mesh, loader_state=state["loader"], extra=state["extra"]
+    )
+    with pytest.raises(CheckpointError) as err:
+        run(mesh, tmp_path, steps=2)
+    assert "NaN or infinite values: refused" in str(err.value) and str(path) in str(err.value)
+    assert "allow_nonfinite=True" in str(err.value)
