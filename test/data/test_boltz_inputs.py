@@ -171,6 +171,16 @@ def test_the_sample_scatters_and_gathers_back_exactly(complex_sample, one_proces
     assert differences(fc.gather_features(sharded), complex_sample) == []
 
 
+def test_the_loader_with_a_worker_gives_the_same_sample(complex_dataset, one_process_mesh):
+    """A DataLoader worker featurizes the record itself (seeded per sample): same sample."""
+    from physicsnemo_foldcp.data import ShardedLoader
+
+    loader = ShardedLoader(complex_dataset, one_process_mesh, mode="inference", num_workers=1)
+    (item,) = list(loader)
+    assert item.record_id == "complex"
+    assert differences(fc.gather_features(item.features), complex_dataset[0]) == []
+
+
 def test_the_same_inputs_reuse_the_processed_directory(complex_dataset, boltz_library):
     """No second run of Boltz: the finished directory is found; nothing else is made."""
     work = complex_dataset.processed_dir.parent.parent
