@@ -7,7 +7,9 @@ and called as Boltz builds and calls them, compute on the scattered features' lo
 blocks; called with plain tensors they are unchanged. :func:`uninstall` undoes it.
 
 Each handler module (``HANDLER_MODULES``) defines ``handlers()``: the ``(Boltz class,
-handler)`` pairs it provides.
+handler)`` pairs it provides; a module may also define ``function_handlers()``:
+``(Boltz module, function name, wrap)`` for a Boltz function that its callers look up by
+name, replaced by ``wrap(original)``, which runs ``original`` unchanged on plain tensors.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from physicsnemo_foldcp.ops.modules import register_module_handler, unregister_m
 HANDLER_MODULES: tuple[str, ...] = (
     "atom_attention",
     "attention_pair_bias",
+    "confidence",
     "contact_conditioning",
     "diffusion",
     "outer_product_mean",
@@ -33,6 +36,7 @@ HANDLER_MODULES: tuple[str, ...] = (
 """Modules of this package that provide Boltz module handlers."""
 
 _installed: list[type] = []
+_patched: list[tuple[object, str, object]] = []
 
 
 def _require_boltz() -> None:
@@ -65,6 +69,12 @@ def install() -> list[str]:
             register_module_handler(cls, handler)
             if cls not in _installed:
                 _installed.append(cls)
+        for owner_name, attr, wrap in getattr(module, "function_handlers", list)():
+            owner = importlib.import_module(owner_name)
+            current = getattr(owner, attr)
+            if getattr(current, "foldcp_original", None) is None:
+                setattr(owner, attr, wrap(current))
+                _patched.append((owner, attr, current))
     return [f"{cls.__module__}.{cls.__qualname__}" for cls in _installed]
 
 
@@ -88,9 +98,12 @@ def install_for(model: nn.Module) -> bool:
 
 
 def uninstall() -> None:
-    """Give every Boltz class its own forward back."""
+    """Give every Boltz class its own forward back, and every patched function."""
     while _installed:
         unregister_module_handler(_installed.pop())
+    while _patched:
+        owner, attr, original = _patched.pop()
+        setattr(owner, attr, original)
 
 
 __all__ = ["HANDLER_MODULES", "holds_boltz_modules", "install", "install_for", "uninstall"]

@@ -23,89 +23,8 @@ from typing import Any
 import torch
 from physicsnemo.domain_parallel import ShardTensor
 
-from physicsnemo_foldcp.core.blocks import (
-    ROWS,
-    ShardingLayoutError,
-    block,
-    coordinate,
-    gather_rows,
-    local_of,
-    mesh_sizes,
-    row_shapes,
-)
-from physicsnemo_foldcp.core.tensor import FoldTensor, wrap
-
-
-class _AtomRows(torch.autograd.Function):
-    """Plain replicated ``[M, A, ...]`` -> this rank's rows ``[M, A_p, ...]`` (a slice).
-
-    Backward: the local gradient rows gathered over ``cp0`` into the whole (every rank
-    then holds the gradient of the replicated input).
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, mesh, sizes: tuple[int, ...]) -> torch.Tensor:
-        """The forward pass (see the class docstring)."""
-        ctx.mesh, ctx.sizes = mesh, sizes
-        start, length = block(sizes, coordinate(mesh)[0])
-        return x.narrow(1, start, length).clone()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        """The adjoint of :meth:`forward`."""
-        return gather_rows(grad.contiguous(), 1, ctx.sizes, ctx.mesh), None, None
-
-
-class _WholeAtoms(torch.autograd.Function):
-    """This rank's rows ``[M, A_p, ...]`` -> the whole ``[M, A, ...]`` on every rank.
-
-    Forward: ONE all-gather over ``cp0``. Backward: this rank's rows of the gradient
-    (every rank holds the whole gradient of the replicated output).
-    """
-
-    @staticmethod
-    def forward(ctx, local: torch.Tensor, mesh, sizes: tuple[int, ...]) -> torch.Tensor:
-        """The forward pass (see the class docstring)."""
-        ctx.start, ctx.length = block(sizes, coordinate(mesh)[0])
-        return gather_rows(local.contiguous(), 1, sizes, mesh)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        """The adjoint of :meth:`forward`."""
-        return grad.narrow(1, ctx.start, ctx.length).contiguous(), None, None
-
-
-def scatter_atom_rows(x: torch.Tensor, like: ShardTensor) -> FoldTensor:
-    """A plain replicated atom tensor ``[M, A, ...]`` as scattered atoms laid out like ``like``.
-
-    Parameters
-    ----------
-    x : torch.Tensor
-        The same on every rank of the domain, serial atom order.
-    like : ShardTensor
-        A scattered atom feature ``[B, A, ...]`` (``(Shard(1), Replicate())``).
-
-    Returns
-    -------
-    FoldTensor
-        ``[M, A, ...]``: this rank's atom rows, no communication.
-    """
-    sizes = tuple(mesh_sizes(like, ROWS, 1))
-    if x.shape[1] != sum(sizes):
-        raise ShardingLayoutError(
-            f"diffusion: coordinates {tuple(x.shape)} have {x.shape[1]} atoms, the scattered "
-            f"features {sum(sizes)}"
-        )
-    local = _AtomRows.apply(x, like.device_mesh, sizes)
-    return wrap(local, like.device_mesh, like.placements, row_shapes(local.shape, 1, sizes))
-
-
-def gather_atom_rows(x: ShardTensor) -> torch.Tensor:
-    """Scattered atoms ``[M, A, ...]`` as one plain tensor on every rank (serial order).
-
-    ONE all-gather over ``cp0`` (differentiable: backward keeps this rank's rows).
-    """
-    return _WholeAtoms.apply(local_of(x), x.device_mesh, tuple(mesh_sizes(x, ROWS, 1)))
+from physicsnemo_foldcp.core.blocks import ShardingLayoutError
+from physicsnemo_foldcp.core.whole import rows_of_whole, whole_of_rows
 
 
 def score_model(
@@ -152,7 +71,7 @@ def score_model(
             "not distributed; unset it"
         )
     plain = not isinstance(r_noisy, ShardTensor)
-    r = scatter_atom_rows(r_noisy, feats["ref_pos"]) if plain else r_noisy
+    r = rows_of_whole(r_noisy, feats["ref_pos"]) if plain else r_noisy
     original = type(module).forward.foldcp_original
     update = original(
         module,
@@ -164,7 +83,7 @@ def score_model(
         diffusion_conditioning=diffusion_conditioning,
         multiplicity=multiplicity,
     )
-    return gather_atom_rows(update) if plain else update
+    return whole_of_rows(update) if plain else update
 
 
 def handlers() -> list[tuple[type, Callable[..., Any]]]:
@@ -174,4 +93,4 @@ def handlers() -> list[tuple[type, Callable[..., Any]]]:
     return [(DiffusionModule, score_model)]
 
 
-__all__ = ["gather_atom_rows", "handlers", "scatter_atom_rows", "score_model"]
+__all__ = ["handlers", "score_model"]

@@ -141,8 +141,10 @@ def wrap(
     """
     if isinstance(x, ShardTensor):
         if mesh is not None or placements is not None or shapes is not None:
-            raise ValueError("wrap: a ShardTensor carries its own layout; pass no mesh, "
-                             "placements or shapes with it")
+            raise ValueError(
+                "wrap: a ShardTensor carries its own layout; pass no mesh, "
+                "placements or shapes with it"
+            )
         out = x if isinstance(x, FoldTensor) else _over_same_block(x)
     else:
         if mesh is None or placements is None or shapes is None:

@@ -83,6 +83,125 @@ def binary_or_reduction(func: Callable, args: tuple, kwargs: dict) -> Any:
     return reduction(func, args, kwargs)
 
 
+def extremum_along_sharded_dim(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``max(x, dim)`` / ``min(x, dim)`` (values and indices) along a dim split over the mesh.
+
+    Each rank takes the extremum of its block; over the mesh dim that splits ``dim``: ONE
+    all-reduce (max / min) of the values, ONE all-reduce (min) of the global index of the
+    first rank's extremum that equals it (Boltz's serial ``torch.max`` tie rule: the first
+    index), and ONE sum of the winning rank's values (so the values are differentiable:
+    the gradient goes to the winning element, as in serial). The result is replicated
+    over that mesh dim and keeps the operand's sharding elsewhere.
+    """
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    from physicsnemo_foldcp.core.blocks import SumToReplicate, all_reduce, local_of
+    from physicsnemo_foldcp.core.compat import sharding_shapes
+    from physicsnemo_foldcp.core.tensor import wrap
+
+    x = args[0]
+    dim = _arg(args, kwargs, 1, ("dim",), None)
+    keepdim = bool(_arg(args, kwargs, 2, ("keepdim",), False))
+    placements = getattr(x, "placements", None)
+    if not isinstance(dim, int) or isinstance(dim, bool) or placements is None or "out" in kwargs:
+        return NotImplemented
+    shape = _shapes(args, kwargs)[0]
+    dim %= len(shape)
+    along = [m for m, p in enumerate(placements) if p.is_shard() and p.dim == dim]
+    if len(along) != 1 or any(p.is_partial() for p in placements):
+        return NotImplemented
+    (m,) = along
+    name = _name(func)
+    mesh = x.device_mesh
+    sizes = blockwise.block_sizes(x, m)
+    k = int(mesh.get_coordinate()[m])
+    local = local_of(x)
+    values, indices = (torch.max if name == "max" else torch.min)(local, dim, keepdim=True)
+    best = all_reduce(values.detach(), mesh, m, "max" if name == "max" else "min")
+    sentinel = torch.iinfo(torch.int64).max
+    candidate = torch.where(values.detach() == best, indices + sum(sizes[:k]), sentinel)
+    first = all_reduce(candidate, mesh, m, "min")
+    mine = candidate == first
+    values = SumToReplicate.apply(torch.where(mine, values, torch.zeros_like(values)), mesh, (m,))
+    if not keepdim:
+        values, first = values.squeeze(dim), first.squeeze(dim)
+
+    def moved(p: Any) -> Any:
+        if not p.is_shard() or p.dim == dim:
+            return Replicate()
+        return Shard(p.dim - 1 if (p.dim > dim and not keepdim) else p.dim)
+
+    out_placements = tuple(moved(p) for p in placements)
+    shapes = {}
+    for mesh_dim, per_rank in (sharding_shapes(x) or {}).items():
+        if mesh_dim == m:
+            shapes[mesh_dim] = [tuple(values.shape)] * mesh.size(m)
+            continue
+        shapes[mesh_dim] = [
+            tuple(n for d, n in enumerate(s) if d != dim) if not keepdim
+            else tuple(1 if d == dim else n for d, n in enumerate(s))
+            for s in per_rank
+        ]  # fmt: skip
+    kept = {mesh_dim: v for mesh_dim, v in shapes.items() if out_placements[mesh_dim].is_shard()}
+    result = type(torch.max(torch.zeros(1), 0))  # torch.return_types.max / .min alike
+    out_values = wrap(values, mesh, out_placements, kept)
+    out_indices = wrap(first, mesh, out_placements, kept)
+    return result((out_values, out_indices))
+
+
+def _one_sharded_dim(x: Any) -> int | None:
+    """The mesh dim of a tensor sharded along exactly one mesh dim (over one tensor dim)."""
+    placements = getattr(x, "placements", None)
+    if placements is None or any(p.is_partial() for p in placements):
+        return None
+    sharded = [m for m, p in enumerate(placements) if p.is_shard()]
+    return sharded[0] if len(sharded) == 1 else None
+
+
+def unique(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``torch.unique(x)`` of a row-sharded single: the sorted distinct values, plain.
+
+    The values of a token or atom vector (chain ids): ONE all-gather of the operand over
+    its mesh dim (O(N)), then the serial ``unique``; the result, of data-dependent length,
+    is a plain tensor, the same on every rank. Declined (the generic path) for a tensor
+    sharded over both mesh dims, and with ``return_inverse`` / ``return_counts`` / ``dim``.
+    """
+    from physicsnemo_foldcp.core.whole import whole
+
+    x = args[0] if args else None
+    if _one_sharded_dim(x) is None or len(args) > 1:
+        return NotImplemented
+    if (
+        any(kwargs.get(k) for k in ("return_inverse", "return_counts"))
+        or kwargs.get("dim") is not None
+    ):
+        return NotImplemented
+    return torch.unique(whole(x), sorted=kwargs.get("sorted", True))
+
+
+def masked_selection(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``x[mask]`` with a boolean ``mask`` of ``x``'s shape, both row-sharded singles alike.
+
+    The selection has a data-dependent length and the serial (row-major) order, so it
+    cannot stay in blocks: ONE all-gather each of ``x`` and ``mask`` over the mesh dim
+    (O(N)), then the serial selection; the result is plain, the same on every rank.
+    """
+    from physicsnemo_foldcp.core.whole import whole
+
+    if len(args) != 2 or kwargs:
+        return NotImplemented
+    x, mask = args
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return NotImplemented
+    if _one_sharded_dim(x) is None or _one_sharded_dim(mask) is None:
+        return NotImplemented
+    if tuple(getattr(x, "placements", ())) != tuple(getattr(mask, "placements", ())):
+        return NotImplemented
+    if blockwise.shape_of(x) != blockwise.shape_of(mask):
+        return NotImplemented
+    return whole(x)[whole(mask)]
+
+
 # -- along dims ------------------------------------------------------------------------------
 
 SUM_LIKE = {"sum", "nansum", "mean"}
@@ -406,7 +525,7 @@ def reshape(func: Callable, args: tuple, kwargs: dict) -> Any:
     else:
         return NotImplemented
     if list(target[: last + 1]) != list(shape[: last + 1]):
-        return NotImplemented
+        return _reshape_around_sharded(func, args, kwargs, shape, target)
 
     def local_func(local: torch.Tensor, *rest: Any, **_: Any) -> torch.Tensor:
         local_target = list(local.shape[: last + 1]) + list(target[last + 1 :])
@@ -415,6 +534,55 @@ def reshape(func: Callable, args: tuple, kwargs: dict) -> Any:
         return local.view(local_target)
 
     return _run(func, args, kwargs, leading, local_func=local_func)
+
+
+def _prefix(sizes: Sequence[int], end: int) -> int:
+    out = 1
+    for n in sizes[:end]:
+        out *= n
+    return out
+
+
+def _reshape_around_sharded(
+    func: Callable, args: tuple, kwargs: dict, shape: Sequence[int], target: Sequence[int]
+) -> Any:
+    """A reshape that keeps every sharded dim whole and in order (local, no communication).
+
+    The dims before, between and after the sharded dims may be merged or split
+    (``[1, 1, N] -> [1, N]``, ``[B M, A, 3] -> [B, M, A, 3]``) as long as each sharded
+    dim ``d`` of length ``n`` becomes a target dim ``d'`` of length ``n`` with as many
+    elements before it (``prod(shape[:d]) == prod(target[:d'])``).
+    """
+    x = args[0]
+    sharded = sorted({p.dim for p in getattr(x, "placements", ()) if p.is_shard()})
+    if not sharded:
+        return NotImplemented
+    moved: dict[int, int] = {}
+    start = 0
+    for d in sharded:
+        before = _prefix(shape, d)
+        found = next(
+            (
+                t
+                for t in range(start, len(target))
+                if target[t] == shape[d] and _prefix(target, t) == before
+            ),
+            None,
+        )
+        if found is None:
+            return NotImplemented
+        moved[d], start = found, found + 1
+
+    def local_func(local: torch.Tensor, *rest: Any, **_: Any) -> torch.Tensor:
+        local_target = list(target)
+        for d, t in moved.items():
+            local_target[t] = local.shape[d]
+        if _name(func) == "view":
+            return local.view(local_target)
+        return local.reshape(local_target)
+
+    dims = DimMap(lambda k, d: moved.get(d) if k == 0 else None)
+    return _run(func, args, kwargs, dims, local_func=local_func)
 
 
 def expand(func: Callable, args: tuple, kwargs: dict) -> Any:

@@ -63,7 +63,6 @@ split of the token axis over ``cp0`` is assumed, unless ``row_sizes`` is given (
 balanced token bounds or per-shard token padding on a non-square mesh needs it).
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -28,6 +28,7 @@ from boltz.model.modules.trunkv2 import BFactorModule
 from physicsnemo.domain_parallel import ShardTensor
 from torch import nn
 
+from physicsnemo_foldcp.core.whole import rows_of_whole, whole
 from physicsnemo_foldcp.models.boltz2_config import Boltz2Config
 from physicsnemo_foldcp.models.boltz2_trunk import Boltz2Trunk
 
@@ -67,11 +68,6 @@ STRUCTURE_CHECK_FEATURES = (
 )
 #: Confidence outputs that ``predict_step`` always returns.
 CONFIDENCE_OUTPUTS = ("plddt", "complex_plddt", "complex_iplddt", "complex_pde", "complex_ipde")
-
-
-def whole(x: Any) -> Any:
-    """A scattered tensor as one plain tensor on every rank; anything else as it is."""
-    return x.full_tensor() if isinstance(x, ShardTensor) else x
 
 
 class UnsupportedBoltz2Option(ValueError):
@@ -303,11 +299,13 @@ class Boltz2Model(Boltz2Trunk):
         samples: int,
     ) -> dict[str, torch.Tensor]:
         """The confidence module's outputs that ``Boltz2.predict_step`` returns."""
+        ref_pos = feats["ref_pos"]
+        x_pred = rows_of_whole(coords, ref_pos) if isinstance(ref_pos, ShardTensor) else coords
         conf = self.confidence_module(
             s_inputs=trunk["s_inputs"],
             s=trunk["s"],
             z=trunk["z"],
-            x_pred=coords,
+            x_pred=x_pred,
             feats=dict(feats),
             pred_distogram_logits=trunk["pdistogram"][:, :, :, 0],
             multiplicity=samples,
