@@ -148,7 +148,7 @@ def test_every_default_is_written_once():
     assert {k: v for k, v in cfg["model"].items() if k != "_target_"} == ModelConfig().to_dict()
     defaults = dataclasses.asdict(TrainSettings())
     overridden = {k for k in defaults if cfg["train"][k] != defaults[k]}
-    assert overridden == {"checkpoint_dir", "metrics_file"}  # the app writes under run_dir
+    assert overridden == {"checkpoint_dir", "metrics_file", "summary_file"}  # under run_dir
     expected = dataclasses.asdict(OptimizerSettings())
     assert cfg["optimizer"] == {**expected, "betas": list(expected["betas"])}
     assert cfg["mesh"] == {"ddp": -1, "cp": [1, 1], "timeout_s": None}
