@@ -97,17 +97,21 @@ class DistogramWriter(BasePredictionWriter):
 
     Takes :class:`~physicsnemo_foldcp.lightning.FoldModule`'s predictions; the names come
     from the data module's predict dataset, planned on rank 0 before any file is written
-    (two record ids that map to one file stop the run).
+    (two record ids that map to one file, or a file of that name already in ``out_dir``,
+    stop the run; see :func:`~physicsnemo_foldcp.training.predict.check_out_dir`).
 
     Parameters
     ----------
     out_dir : path
         Directory of the files.
+    overwrite : bool, default False
+        Replace earlier predictions of this project in ``out_dir`` instead of refusing them.
     """
 
-    def __init__(self, out_dir: str | os.PathLike) -> None:
+    def __init__(self, out_dir: str | os.PathLike, overwrite: bool = False) -> None:
         super().__init__(write_interval="batch")
         self.out_dir = Path(out_dir)
+        self.overwrite = overwrite
         self.files: list[str] = []
         self._names: list[str] = []
 
@@ -117,7 +121,7 @@ class DistogramWriter(BasePredictionWriter):
         dataset = getattr(datamodule, "datasets", {}).get("predict")
         if dataset is None:
             raise TypeError("DistogramWriter needs a FoldCPDataModule with a predict dataset")
-        self._names = planned_names(dataset, _mesh(trainer))
+        self._names = planned_names(dataset, _mesh(trainer), self.out_dir, self.overwrite)
         self.files = []
 
     def write_on_batch_end(
