@@ -15,8 +15,10 @@ the last step when 0). train.resume=auto or latest continues from the newest one
 a step_<k>.ckpt path from that one, null starts over.
 
 Not taken from the train group: compile (Lightning runs the model eagerly here: refused
-unless none) and overwrite; a checkpoint directory is not tied to a run as in
-examples/train.py, so use one run_dir per run.
+unless none), overwrite and summary_file; a checkpoint directory is not tied to a run as
+in examples/train.py, so use one run_dir per run. As in examples/train.py, one run at a
+time holds the run directory (its lock, training/runlock.py), and a metrics file that a
+run did not write (a file of yours there) is refused before anything is written.
 """
 
 import dataclasses
@@ -31,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 import physicsnemo_foldcp as fc
+from physicsnemo_foldcp.distributed.errors import on_rank_zero
 from physicsnemo_foldcp.lightning import FoldCPStrategy, FoldModule, StepMetrics
 from physicsnemo_foldcp.training.config import (
     TrainAppConfig,
@@ -43,6 +46,8 @@ from physicsnemo_foldcp.training.config import (
 )
 from physicsnemo_foldcp.training.logs import MetricLogger, setup_logging
 from physicsnemo_foldcp.training.loop import set_precision
+from physicsnemo_foldcp.training.rundir import check_own_file
+from physicsnemo_foldcp.training.runlock import JobLock, lock_path
 
 warnings.filterwarnings("ignore", message=".*is deprecated")
 warnings.filterwarnings("ignore", message=".*sequential all_reduce operations")
@@ -85,7 +90,14 @@ def main(cfg: DictConfig) -> None:
     set_precision(settings.precision)
     mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
     metric_logger = None
+    lock = None
     try:
+        lock = JobLock(lock_path(settings.checkpoint_dir, settings.metrics_file))
+        if settings.metrics_file:  # StepMetrics trims it on resume: it must be a run's
+            on_rank_zero(
+                lambda: check_own_file(settings.metrics_file, "train.metrics_file", None),
+                "checking the metrics file",
+            )
         config = OmegaConf.to_container(cfg, resolve=True)
         metric_logger = MetricLogger(conf.logging, conf.run_dir, config)
         registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
@@ -138,6 +150,8 @@ def main(cfg: DictConfig) -> None:
     finally:
         if metric_logger is not None:
             metric_logger.close()
+        if lock is not None:
+            lock.release()
         fc.shutdown()
 
 
