@@ -1,4 +1,4 @@
-"""Predict distograms over the ddp x cp0 x cp1 mesh (Hydra app, config conf/predict.yaml).
+"""Predict distograms, or Boltz-2 structures, over the ddp x cp0 x cp1 mesh (conf/predict.yaml).
 
     python examples/predict.py predict.checkpoint=runs/train/checkpoints/step_00000030
     torchrun --standalone --nproc-per-node 4 examples/predict.py mesh.cp=[2,2] \
@@ -11,6 +11,12 @@ the samples; its source rank writes <predict.out_dir>/<record_id>.npz holding pd
 map to one file name, or a file of that name already in out_dir (unless
 predict.overwrite=true, which replaces earlier predictions only), stop the run before
 anything is written.
+
+With model=boltz2 and data=boltz_inputs (Boltz's YAML / FASTA), it predicts structures and
+writes Boltz's own files under <predict.out_dir>/<record_id>/ (mmCIF or PDB, confidence
+JSON, pLDDT / PAE / PDE), as boltz predict does:
+    torchrun --standalone --nproc-per-node 4 examples/predict.py mesh.cp=[2,2] model=boltz2 \
+        data=boltz_inputs data.inputs=my_inputs data.library_dir=~/.boltz/mols
 """
 
 import dataclasses
@@ -32,6 +38,7 @@ from physicsnemo_foldcp.training.config import (
     typed,
 )
 from physicsnemo_foldcp.training.logs import setup_logging
+from physicsnemo_foldcp.training.structures import predict_structures
 
 warnings.filterwarnings("ignore", message=".*is deprecated")
 
@@ -51,16 +58,24 @@ def main(cfg: DictConfig) -> None:
         dataset = build_dataset(data, model)
         if options.checkpoint:
             load_checkpoint(options.checkpoint, model, restore_rng=False)
-        result = predict(
-            model,
-            mesh,
-            dataset,
-            options.out_dir,
+        common = dict(
             registry=registry,
             precision=options.precision,
             overwrite=options.overwrite,
             loader_options=loader_options(sharding, num_workers=data.num_workers),
         )
+        if getattr(model, "predicts_structures", False):  # model=boltz2: Boltz's files
+            result = predict_structures(
+                model,
+                mesh,
+                dataset,
+                options.out_dir,
+                output_format=options.output_format,
+                seed=options.seed,
+                **common,
+            )
+        else:
+            result = predict(model, mesh, dataset, options.out_dir, **common)
         if mesh.rank == 0:
             logging.info("rank 0 wrote %s", ", ".join(result.files) or "nothing")
     finally:

@@ -136,6 +136,8 @@ class Boltz2Model(Boltz2Trunk):
     """
 
     config_class: ClassVar[type[Boltz2Config]] = Boltz2Config
+    #: The prediction app writes structures for it (``predict_step``), not distograms.
+    predicts_structures: ClassVar[bool] = True
 
     def __init__(self, config: Boltz2Config | None = None, **overrides: Any) -> None:
         super().__init__(config, **overrides)

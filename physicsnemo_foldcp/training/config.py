@@ -63,13 +63,14 @@ from physicsnemo_foldcp.data.files import FeatureFileDataset
 from physicsnemo_foldcp.data.loader import ShardedLoader
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
-from physicsnemo_foldcp.models.boltz2_config import Boltz2TrunkConfig
+from physicsnemo_foldcp.models.boltz2_config import Boltz2Config, Boltz2TrunkConfig
 from physicsnemo_foldcp.models.reference import ModelConfig
 from physicsnemo_foldcp.sharding.options import ShardingOptions
 from physicsnemo_foldcp.training.bounds import check_range, check_seed
 from physicsnemo_foldcp.training.logs import LoggingSettings
 from physicsnemo_foldcp.training.loop import OptimizerSettings, TrainSettings
 from physicsnemo_foldcp.training.predict import predict
+from physicsnemo_foldcp.training.structures import OUTPUT_FORMATS, predict_structures
 
 logger = logging.getLogger("physicsnemo_foldcp.training")
 
@@ -151,6 +152,9 @@ REFERENCE_MODEL_SCHEMA = schema_of(ModelConfig, target=True)
 
 BOLTZ2_TRUNK_SCHEMA = schema_of(Boltz2TrunkConfig, target=True)
 """Schema of ``model/boltz2_trunk_schema``: ``_target_`` and ``Boltz2TrunkConfig``'s fields."""
+
+BOLTZ2_SCHEMA = schema_of(Boltz2Config, target=True)
+"""Schema of ``model/boltz2_schema``: ``_target_`` and ``Boltz2Config``'s fields."""
 
 
 @dataclass
@@ -312,6 +316,9 @@ class PredictConfig:
         name, before anything is written.
     precision : {"fp32", "tf32", "bf16"}
         Numerics of the forward pass (see :func:`~physicsnemo_foldcp.training.predict`).
+    output_format : {"mmcif", "pdb"}
+        Structure files of a model that predicts structures (``model=boltz2``), as
+        ``boltz predict --output_format``.
     """
 
     checkpoint: str | None = None
@@ -319,9 +326,14 @@ class PredictConfig:
     out_dir: str = "runs/predict"
     overwrite: bool = default_of(predict, "overwrite")
     precision: str = default_of(predict, "precision")
+    output_format: str = default_of(predict_structures, "output_format")
 
     def __post_init__(self) -> None:
         check_seed("predict.seed", self.seed)
+        if self.output_format not in OUTPUT_FORMATS:
+            raise ValueError(
+                f"predict.output_format={self.output_format!r} is not one of {OUTPUT_FORMATS}"
+            )
 
 
 @dataclass
@@ -432,6 +444,7 @@ def register_configs() -> None:
         ("data", "boltz_inputs_schema", BoltzInputsDataConfig),
         ("model", "reference_schema", REFERENCE_MODEL_SCHEMA),
         ("model", "boltz2_trunk_schema", BOLTZ2_TRUNK_SCHEMA),
+        ("model", "boltz2_schema", BOLTZ2_SCHEMA),
         ("optimizer", "schema", OptimizerSettings),
         ("train", "schema", TrainSettings),
         ("predict", "schema", PredictConfig),
@@ -623,6 +636,7 @@ def build_model(model: Mapping[str, Any] | DictConfig, seed: int) -> nn.Module:
 
 
 __all__ = [
+    "BOLTZ2_SCHEMA",
     "BOLTZ2_TRUNK_SCHEMA",
     "DATA_KINDS",
     "REFERENCE_MODEL_SCHEMA",

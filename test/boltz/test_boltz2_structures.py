@@ -11,17 +11,13 @@ with the same writer from the domain source. Every file must match: the mmCIF st
 
 from __future__ import annotations
 
-import json
-import re
-from pathlib import Path
-
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
 from physicsnemo_foldcp.features import FeatureRegistry
 from physicsnemo_foldcp.testing import collective_assert
+from physicsnemo_foldcp.testing.boltz_outputs import compare_prediction_dirs
 
 pytest.importorskip("boltz.main")
 
@@ -54,58 +50,6 @@ sequences:
 """
 PROTEINS = {37: "MKTAYIAKQRQISFVKSHF", 61: "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDG"}
 SEED = 3
-COORDS_ATOL = 1e-4
-VALUES_ATOL = 1e-5
-ATOM_LINE = re.compile(r"^(ATOM|HETATM)\s")
-
-
-def _cif_atoms(path: Path) -> tuple[list[str], np.ndarray]:
-    """The atom records' text without coordinates, and the coordinates."""
-    labels, xyz = [], []
-    for line in path.read_text().splitlines():
-        if ATOM_LINE.match(line):
-            fields = line.split()
-            numbers = [i for i, f in enumerate(fields) if re.fullmatch(r"-?\d+\.\d{3}", f)]
-            x = numbers[0]
-            xyz.append([float(v) for v in fields[x : x + 3]])
-            labels.append(" ".join(fields[:x] + fields[x + 3 : x + 4]))
-    return labels, np.array(xyz)
-
-
-def _compare_files(ours: Path, theirs: Path) -> list[str]:
-    problems = []
-    names = sorted(p.name for p in theirs.iterdir())
-    if sorted(p.name for p in ours.iterdir()) != names:
-        return [f"files {sorted(p.name for p in ours.iterdir())} != {names}"]
-    for name in names:
-        a, b = ours / name, theirs / name
-        if name.endswith(".cif"):
-            (la, xa), (lb, xb) = _cif_atoms(a), _cif_atoms(b)
-            if la != lb or not xb.size:
-                problems.append(f"{name}: atom records differ")
-            elif np.abs(xa - xb).max() > COORDS_ATOL + 1e-3:  # written with 3 decimals
-                problems.append(f"{name}: coordinates differ by {np.abs(xa - xb).max()}")
-        elif name.endswith(".json"):
-            ja, jb = json.loads(a.read_text()), json.loads(b.read_text())
-            problems += _compare_values(ja, jb, name)
-        elif name.endswith(".npz"):
-            na, nb = np.load(a), np.load(b)
-            for key in nb.files:
-                diff = np.nan_to_num(np.abs(na[key] - nb[key])).max() if nb[key].size else 0
-                if na[key].shape != nb[key].shape or diff > VALUES_ATOL:
-                    problems.append(f"{name}[{key}]: differs by {diff}")
-    return problems
-
-
-def _compare_values(a, b, path: str) -> list[str]:
-    if isinstance(b, dict):
-        if set(a) != set(b):
-            return [f"{path}: keys {sorted(a)} != {sorted(b)}"]
-        return [p for k in b for p in _compare_values(a[k], b[k], f"{path}.{k}")]
-    if isinstance(b, float):
-        same = (np.isnan(a) and np.isnan(b)) or abs(a - b) <= VALUES_ATOL
-        return [] if same else [f"{path}: {a} != {b}"]
-    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
 @pytest.mark.parametrize(
@@ -150,7 +94,9 @@ def test_boltz_yaml_to_files_equals_serial(fold_mesh, n_tokens, shared_dir, caps
     dist.barrier()
     if dist.get_rank() == 0:
         record = dataset.record_id(0)
-        problems += _compare_files(shared_dir / "ours" / record, shared_dir / "serial" / record)
+        problems += compare_prediction_dirs(
+            shared_dir / "ours" / record, shared_dir / "serial" / record
+        )
     printed = capsys.readouterr().out
     if "Error in" in printed:  # Boltz's confidence heads print and report 0 on an exception
         problems.append(f"Boltz caught an exception: {printed.strip()[:300]}")

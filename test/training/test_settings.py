@@ -164,6 +164,7 @@ def test_every_default_is_written_once():
         "optimizer/sgd.yaml": {"name", "lr", "momentum"},
         "model/small.yaml": {"_target_"},
         "model/boltz2_trunk.yaml": {"_target_"},
+        "model/boltz2.yaml": {"_target_"},
         "registry/boltz1.yaml": {"preset"},
         "registry/boltz2.yaml": {"preset"},
     }
@@ -254,3 +255,17 @@ def test_a_new_model_plugs_in_with_its_own_config_file(tmp_path):
         module_types(model, "compile_regions", ["torch.nn.functional.relu"])
     with pytest.raises(ValueError, match="model: needs _target_"):
         build_model({"c_token": 3}, 0)
+
+
+def test_the_boltz2_group_composes_to_its_config():
+    pytest.importorskip("boltz")
+    from physicsnemo_foldcp.models.boltz2_config import Boltz2Config
+
+    cfg = config("predict", ["model=boltz2", "model.predict_args.sampling_steps=4"])
+    expected = Boltz2Config(predict_args={"sampling_steps": 4}).to_dict()
+    model_cfg = {k: v for k, v in cfg["model"].items() if k != "_target_"}
+    assert model_cfg == expected
+    model = build_model(cfg["model"], 0)
+    assert model.predicts_structures and model.config.predict_args["sampling_steps"] == 4
+    with pytest.raises(ValueError, match="predict.output_format='cif'"):
+        typed(PredictAppConfig, node("predict", ["predict.output_format=cif"]), None)
