@@ -85,12 +85,19 @@ def check_supported(config: Boltz2Config) -> None:
     Raises
     ------
     UnsupportedBoltz2Option
+        ``use_kernels`` (cuequivariance's CUDA kernels: not distributed), or
         ``affinity_prediction`` (the affinity module and its crop are not distributed:
         run Boltz's own ``boltz predict`` with the affinity property on one GPU), or a
         steering potential switched on (``fk_steering``, ``physical_guidance_update``,
         ``contact_guidance_update``: the potentials read the whole structure each step;
         predict without them).
     """
+    if config.use_kernels:
+        raise UnsupportedBoltz2Option(
+            "use_kernels=True: the cuequivariance triangle kernels are not distributed (the "
+            "project's own triangle handlers run instead); set use_kernels=false, as "
+            "`boltz predict --no_kernels`"
+        )
     if config.affinity_prediction:
         raise UnsupportedBoltz2Option(
             "affinity_prediction=True: the affinity module is not distributed; predict the "

@@ -62,6 +62,7 @@ def test_predict_step_equals_boltz2(parallel) -> None:
     ("overrides", "named"),
     [
         ({"affinity_prediction": True}, "affinity_prediction"),
+        ({"use_kernels": True}, "use_kernels"),
         ({"steering_args": {"fk_steering": True}}, "fk_steering"),
         ({"steering_args": {"contact_guidance_update": True}}, "contact_guidance_update"),
     ],
