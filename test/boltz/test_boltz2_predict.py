@@ -14,9 +14,11 @@ from physicsnemo_foldcp.core import events
 from physicsnemo_foldcp.data.datasets import batched
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.testing import collective_assert
+from physicsnemo_foldcp.testing.memory import LocalSizeGuard
 
 const = pytest.importorskip("boltz.data.const")
 
+from physicsnemo_foldcp.models.boltz2 import Boltz2Model  # noqa: E402
 from physicsnemo_foldcp.models.boltz2_config import Boltz2Config  # noqa: E402
 from physicsnemo_foldcp.testing.boltz2_models import model_pair  # noqa: E402
 
@@ -98,3 +100,36 @@ def test_prediction_equals_serial(fold_mesh, n_tokens, capsys):
     if "Error in" in printed:  # Boltz's confidence heads print and report 0 on an exception
         problems.append(f"Boltz caught an exception: {printed.strip()[:300]}")
     collective_assert(not problems, "; ".join(problems[:8]))
+
+
+GUARD_FACTOR = 4
+"""Largest local tensor allowed during a prediction, in local ``z`` tiles."""
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 3, 3)], indirect=True, ids=mesh_id)
+def test_no_rank_holds_a_full_pair_in_a_prediction(fold_mesh):
+    """Trunk, diffusion conditioning, sampling and confidence on 3x3, under a size guard.
+
+    The pair width is large next to the atom widths and the bias heads, so that half a
+    full ``N x N x token_z`` pair exceeds the bound while the windowed atom tensors (the
+    window bias is repeated over the samples, as in Boltz: ``O(M A H / cp0)``) and the
+    per-sample maps do not.
+    """
+    n, token_z = 56, 128
+    config = Boltz2Config(
+        token_z=token_z,
+        atom_z=2,
+        predict_args={"diffusion_samples": 2, "sampling_steps": 2},
+    )
+    torch.manual_seed(0)
+    model = Boltz2Model(config).eval()
+    sample = batched(make_complex(n, seed=7, msa_rows=5, atom_multiple=32))
+    feats = scatter_features(sample, fold_mesh)
+    rows, columns = feats["token_bonds"].to_local().shape[1:3]
+    tile = rows * columns * token_z
+    with LocalSizeGuard(GUARD_FACTOR * tile) as guard:
+        model.predict_step(feats)
+    problems = [f"{v}" for v in guard.violations[:5]]
+    if 2 * guard.limit >= n * n * token_z:
+        problems.append(f"the bound {guard.limit} does not exclude half a pair {n * n * token_z}")
+    collective_assert(not problems, f"tile {tile}, largest {guard.largest}: " + "; ".join(problems))
