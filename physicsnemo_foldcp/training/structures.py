@@ -58,8 +58,49 @@ NOT_WRITTEN = ("s", "z")
 OUTPUT_FORMATS = ("mmcif", "pdb")
 
 
+#: The longest file name most file systems take (bytes).
+NAME_MAX = 255
+
+
 class OutputDirError(FileExistsError):
     """A record's output directory is already there; nothing was written for it."""
+
+
+class OutputNameTooLong(ValueError):
+    """A record id makes a file name Boltz's writer cannot write; nothing was written."""
+
+
+def check_structure_outputs(
+    record_ids: list[str], out_dir: str | os.PathLike, samples: int, overwrite: bool
+) -> None:
+    """Refuse, before any prediction, what Boltz's writer could not write or would replace.
+
+    Boltz's writer names each file after the record id (``confidence_<id>_model_<k>.json``
+    is the longest); the names cannot be changed without changing Boltz's layout, so an id
+    too long for the file system is refused, as is a record directory already in
+    ``out_dir`` (unless ``overwrite``). Every rank reads the same directory and raises
+    alike.
+
+    Raises
+    ------
+    OutputNameTooLong
+        Naming the record and the length.
+    OutputDirError
+        Naming the existing directory.
+    """
+    for record_id in record_ids:
+        longest = f"confidence_{record_id}_model_{max(samples - 1, 0)}.json"
+        if len(longest.encode()) > NAME_MAX:
+            raise OutputNameTooLong(
+                f"record id {record_id[:40]!r}... ({len(record_id)} characters) makes Boltz's "
+                f"file name {len(longest.encode())} bytes long, over {NAME_MAX}: rename the "
+                "input"
+            )
+        target = Path(out_dir) / record_id
+        if (target.exists() or target.is_symlink()) and not overwrite:
+            raise OutputDirError(
+                f"{target} already exists: predict.overwrite=true replaces its structure files"
+            )
 
 
 def tile_at_source(x: ShardTensor) -> torch.Tensor | None:
@@ -232,6 +273,9 @@ def predict_structures(
             "predict_structures: the dataset has no structures_dir (Boltz's processed "
             "structures); use data=boltz_inputs"
         )
+    record_ids = [str(dataset.record_id(i)) for i in range(len(dataset))]
+    samples = int(model.config.predict_args["diffusion_samples"])
+    check_structure_outputs(record_ids, out_dir, samples, overwrite)
     set_precision(precision)
     model = model.to(mesh.device)
     sync_over_domain(model, mesh)
@@ -266,7 +310,10 @@ def predict_structures(
 __all__ = [
     "NOT_WRITTEN",
     "OUTPUT_FORMATS",
+    "NAME_MAX",
     "OutputDirError",
+    "OutputNameTooLong",
+    "check_structure_outputs",
     "predict_structures",
     "prediction_at_source",
     "tile_at_source",

@@ -90,3 +90,21 @@ def test_predict_app_writes_boltz_files_equal_to_serial_on_2x2(tmp_path):
     problems = compare_prediction_dirs(tmp_path / "out" / record, tmp_path / "serial" / record)
     assert not problems, "; ".join(problems[:8])
     assert sorted(p.suffix for p in (tmp_path / "out" / record).iterdir()).count(".cif") == 2
+
+
+def test_outputs_boltz_could_not_write_or_would_replace_are_refused_first(tmp_path):
+    from physicsnemo_foldcp.training.structures import (
+        OutputDirError,
+        OutputNameTooLong,
+        check_structure_outputs,
+    )
+
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine.txt").write_text("a user's file")
+    with pytest.raises(OutputDirError, match="kept already exists"):
+        check_structure_outputs(["new", "kept"], tmp_path, 2, overwrite=False)
+    check_structure_outputs(["new", "kept"], tmp_path, 2, overwrite=True)
+    with pytest.raises(OutputNameTooLong, match="240 characters"):
+        check_structure_outputs(["x" * 240], tmp_path, 2, overwrite=False)
+    check_structure_outputs(["x" * 200], tmp_path, 2, overwrite=False)
+    assert (tmp_path / "kept" / "mine.txt").read_text() == "a user's file"
