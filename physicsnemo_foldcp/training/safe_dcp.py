@@ -345,9 +345,7 @@ def _check_storage(storage: dict) -> dict[str, int]:
     info_type = checkpoint_storage_info_type()
     needed: dict[str, int] = {}
     for index, info in storage.items():
-        if not isinstance(index, MetadataIndex) or not isinstance(
-            getattr(index, "fqn", None), str
-        ):
+        if not isinstance(index, MetadataIndex) or not isinstance(getattr(index, "fqn", None), str):
             raise UnsafeCheckpointError(f"storage key {index!r} is not a MetadataIndex")
         where = f"storage record of {index.fqn!r}"
         if not isinstance(info, info_type):
@@ -482,9 +480,7 @@ class ConfinedFileSystem(FileSystem):
         self.opened: Path | None = None
 
     @contextmanager
-    def create_stream(
-        self, path: str | os.PathLike, mode: str
-    ) -> Generator[io.IOBase, None, None]:
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         """Open ``path`` (``<directory>/<shard name>``) for reading, as checked files only."""
         path = Path(path)
         if mode != "rb" or path.parent != self.files.directory or not is_shard_name(path.name):
