@@ -137,15 +137,39 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_set_for_single_process: dict[str, str | None] = {}
+"""Launcher variables :func:`_ensure_single_process_env` set, with their earlier values."""
+
+
 def _ensure_single_process_env() -> None:
-    """Give a process started without a launcher the environment of a 1-rank job."""
+    """Give a process started without a launcher the environment of a 1-rank job.
+
+    What it sets is put back by :func:`shutdown`, so that a later job of this process (or
+    a process it starts) picks its own free port instead of inheriting this job's.
+    """
     if any(var in os.environ for var in _LAUNCHER_RANK_VARS):
         return
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ["RANK"] = "0"
+    single = {
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "RANK": "0",
+    }
+    for var, value in single.items():
+        if var == "RANK" or var not in os.environ:
+            _set_for_single_process.setdefault(var, os.environ.get(var))
+            os.environ[var] = value
+
+
+def _restore_single_process_env() -> None:
+    """Put back the launcher variables :func:`_ensure_single_process_env` set."""
+    while _set_for_single_process:
+        var, earlier = _set_for_single_process.popitem()
+        if earlier is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = earlier
 
 
 def _agent_store_address() -> tuple[str, int] | None:
@@ -446,4 +470,7 @@ def shutdown() -> None:
     global _job_timeout
     _meshes.clear()
     _job_timeout = None
-    DistributedManager.cleanup()
+    try:
+        DistributedManager.cleanup()
+    finally:
+        _restore_single_process_env()

@@ -79,12 +79,17 @@ def _differences(expected, got, path: str, out: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "fold_mesh,n_tokens",
-    [((2, 1, 2), 37), ((1, 2, 2), 37), ((1, 2, 3), 41), ((1, 3, 3), 37)],
+    [((1, 2, 3), 41)],
     indirect=["fold_mesh"],
     ids=lambda v: mesh_id(v) if isinstance(v, tuple) else f"{v}",
 )
 def test_prediction_equals_serial(fold_mesh, n_tokens, capsys):
-    """Coordinates, structure checks, every confidence output: serial within tolerance."""
+    """Coordinates, structure checks, every confidence output: serial within tolerance.
+
+    One non-square mesh here, on a synthetic complex with several ligand chains, for every
+    output of ``predict_step`` and the absence of fallback gathers; the written files on
+    1x2, 2x2, 2x3 and 3x3 are ``test_boltz2_structures``'s.
+    """
     config = Boltz2Config(predict_args={"diffusion_samples": 2, "sampling_steps": 3})
     sample = batched(make_complex(n_tokens, seed=5, msa_rows=4, atom_multiple=32))
     ligand = const.chain_type_ids["NONPOLYMER"]

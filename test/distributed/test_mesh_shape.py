@@ -86,10 +86,17 @@ def test_single_process_without_launcher():
                             global_shape=x.shape, dtype=x.dtype)
         assert torch.equal(st.full_tensor(), x)
         fc.shutdown()
+        import os
+        launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        left = [var for var in launcher if var in os.environ]
+        assert not left, f"shutdown left {left} behind"
+        fc.init_mesh()  # a second job of the process: a fresh port
+        fc.shutdown()
         print("single-process ok")
         """
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
     )

@@ -72,9 +72,7 @@ def refused(path, names, match=None, mesh=None, **kwargs):
     model, optimizer = trained(1)
     before = snapshot(model, optimizer)
     with pytest.raises(CheckpointError, match=match) as info:
-        load_checkpoint(
-            path, model, optimizer, mesh=mesh, restore_rng=mesh is not None, **kwargs
-        )
+        load_checkpoint(path, model, optimizer, mesh=mesh, restore_rng=mesh is not None, **kwargs)
     message = str(info.value)
     for name in [names] if isinstance(names, (str, os.PathLike)) else names:
         assert str(name) in message, message

@@ -8,6 +8,7 @@ to the project's checkpoint with the one-line conversion.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,12 @@ sequences:
 """
 
 
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
 
 
 def test_predict_app_writes_boltz_files_equal_to_serial_on_2x2(tmp_path):
