@@ -12,6 +12,7 @@ Boltz's prediction-time settings. Kept apart from the models so that the Hydra s
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,18 @@ DEFAULT_PAIRFORMER_ARGS: dict[str, Any] = {
     "pairwise_head_width": 8,
     "pairwise_num_heads": 2,
 }
+
+
+#: Integer widths and counts of :class:`Boltz2TrunkConfig` (each must be >= 1).
+SIZE_FIELDS = (
+    "atom_s",
+    "atom_z",
+    "token_s",
+    "token_z",
+    "num_bins",
+    "atoms_per_window_queries",
+    "atoms_per_window_keys",
+)
 
 
 @dataclass(frozen=True)
@@ -117,6 +130,18 @@ class Boltz2TrunkConfig:
     recycling_steps: int = 0
 
     def __post_init__(self) -> None:
+        for name in SIZE_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"model.{name}={value!r} is out of range: it must be an integer >= 1"
+                )
+        low, high = self.conditioning_cutoff_min, self.conditioning_cutoff_max
+        if not (math.isfinite(low) and math.isfinite(high) and 0 <= low < high):
+            raise ValueError(
+                f"model.conditioning_cutoff_min={low}, conditioning_cutoff_max={high}: they "
+                "must be finite with 0 <= min < max"
+            )
         if self.recycling_steps < 0:
             raise ValueError(f"recycling_steps must be >= 0, got {self.recycling_steps}")
         if self.use_templates and self.template_args is None:

@@ -80,3 +80,11 @@ def test_predict_args_are_bounded(predict_args) -> None:
     (key,) = predict_args
     with pytest.raises(ValueError, match=f"predict_args.{key}"):
         Boltz2Config(predict_args=predict_args)
+
+
+@pytest.mark.parametrize(("field", "value"), [("token_z", 0), ("atom_s", -2), ("num_bins", 1.5)])
+def test_sizes_are_bounded_by_name(field, value) -> None:
+    with pytest.raises(ValueError, match=rf"model.{field}={value!r} is out of range"):
+        Boltz2Config(**{field: value})
+    with pytest.raises(ValueError, match="conditioning_cutoff_min"):
+        Boltz2Config(conditioning_cutoff_min=30.0)
