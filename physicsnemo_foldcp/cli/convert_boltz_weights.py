@@ -3,15 +3,14 @@ r"""Command line of the weights conversion: Boltz-2's ``.ckpt`` to a checkpoint 
 ::
 
     python -m physicsnemo_foldcp.cli.convert_boltz_weights boltz2_conf.ckpt out/weights \
-        [--max-bytes 16G] [--allow-nonfinite] [--trusted]
+        [--max-bytes 16G] [--allow-nonfinite]
 
 The file is read safely (:func:`~physicsnemo_foldcp.training.boltz_weights.read_boltz_weights`:
 size bound, ``weights_only=True`` with a small allow-list), loaded into the
 ``Boltz2Model`` its hyperparameters describe, and written by
 :func:`~physicsnemo_foldcp.training.boltz_weights.convert_boltz_weights` as a checkpoint
 directory that ``load_checkpoint`` (and ``examples/predict.py predict.checkpoint=...``)
-reads. ``--trusted`` unpickles the file without restriction, which runs any code it holds:
-only for a file from a source you trust, once, where that is acceptable.
+reads. Nothing in the file is ever unpickled without that allow-list.
 """
 
 from __future__ import annotations
@@ -64,12 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"refuse a larger file before reading it (default {MAX_WEIGHTS_BYTES // 2**30}G)",
     )
     p.add_argument("--allow-nonfinite", action="store_true", help="accept NaN or infinite weights")
-    p.add_argument(
-        "--trusted",
-        action="store_true",
-        help="unpickle without restriction: RUNS ANY CODE THE FILE HOLDS; only for a file "
-        "from a source you trust, where that is acceptable",
-    )
     return p
 
 
@@ -81,7 +74,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.checkpoint,
             args.out,
             max_bytes=args.max_bytes,
-            trusted=args.trusted,
             allow_nonfinite=args.allow_nonfinite,
         )
     except CheckpointError as err:

@@ -8,6 +8,7 @@ model then loads its state dict (``strict=True``). Needs the ``boltz`` extra.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -86,4 +87,24 @@ def model_pair(config: Boltz2Config | None = None, seed: int = 0) -> tuple[nn.Mo
     return boltz2, Boltz2Model.from_boltz2(boltz2).eval()
 
 
-__all__ = ["boltz2_kwargs", "model_pair", "serial_boltz2"]
+def save_lightning_checkpoint(model: nn.Module, path: Path) -> None:
+    """``model`` (a ``Boltz2``) as Lightning writes it: ``Trainer.save_checkpoint`` on the CPU.
+
+    Offline: no logger, no callbacks; needs ``pytorch_lightning`` (the ``boltz`` extra).
+    """
+    import pytorch_lightning as pl
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(Path(path).parent),
+    )
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(str(path))
+
+
+__all__ = ["boltz2_kwargs", "model_pair", "save_lightning_checkpoint", "serial_boltz2"]

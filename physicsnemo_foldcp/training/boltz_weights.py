@@ -3,7 +3,7 @@
 A Lightning checkpoint is a ``torch.save`` pickle: the model's ``state_dict``, its
 ``hyper_parameters`` (``Boltz2.__init__``'s arguments) and Lightning's own entries (epoch,
 loops, callback and optimizer states). Unpickling it as Lightning and ``boltz predict`` do
-(``weights_only=False``) runs whatever code the file names. Here
+(without ``weights_only``) runs whatever code the file names; nothing here does. Here
 (:func:`read_boltz_weights`):
 
 * the file is opened as a regular file of its directory (not a symbolic link, FIFO or
@@ -15,10 +15,10 @@ loops, callback and optimizer states). Unpickling it as Lightning and ``boltz pr
 * it is unpickled with ``torch.serialization.load(..., weights_only=True)``, allowing
   besides torch's own records only :data:`WEIGHTS_GLOBALS`: the records of the Hydra
   (omegaconf) configs that Boltz's training saves as hyperparameters. A file that names
-  any other global is refused with the names and the command that converts it once, in an
-  environment where running the file's code is acceptable (``--trusted``). ``torch.load``
-  itself is not called: ``boltz predict`` replaces it in its process by one that forces
-  ``weights_only=False``;
+  any other global is refused with the names and how to re-save its weights as plain
+  records (where loading that file is acceptable). ``torch.load``
+  itself is not called: ``boltz predict`` replaces it in its process by one that turns
+  ``weights_only`` off;
 * the state dict must map names to dense tensors, with finite values (unless
   ``allow_nonfinite``); the ``_orig_mod`` parts that ``torch.compile`` adds to names (a
   leading ``_orig_mod.`` for a compiled model, ``pairformer_module._orig_mod.`` for
@@ -141,7 +141,6 @@ def read_boltz_weights(
     path: str | os.PathLike,
     *,
     max_bytes: int = MAX_WEIGHTS_BYTES,
-    trusted: bool = False,
     allow_nonfinite: bool = False,
 ) -> BoltzWeights:
     """The state dict and hyperparameters of a Lightning checkpoint, read safely.
@@ -152,10 +151,6 @@ def read_boltz_weights(
         A Lightning ``.ckpt`` (e.g. Boltz's ``~/.boltz/boltz2_conf.ckpt``).
     max_bytes : int
         Larger files are refused before they are read.
-    trusted : bool, default False
-        Unpickle without restriction (``weights_only=False``): runs any code the file
-        holds. Only for a file from a source you trust, in an environment where that is
-        acceptable; the size and file checks still apply.
     allow_nonfinite : bool, default False
         Accept tensors holding NaN or infinite values.
 
@@ -183,7 +178,7 @@ def read_boltz_weights(
         raise CheckpointError(str(err)) from None
     with stream:
         _check_archive(stream, size, path)
-        checkpoint = _unpickle(stream, path, trusted)
+        checkpoint = _unpickle(stream, path)
     if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
         kind = type(checkpoint).__name__
         raise CheckpointError(
@@ -227,12 +222,7 @@ def _check_archive(stream: BinaryIO, size: int, path: Path) -> None:
     stream.seek(0)
 
 
-def _unpickle(stream: BinaryIO, path: Path, trusted: bool) -> Any:
-    if trusted:
-        try:
-            return torch.serialization.load(stream, map_location="cpu", weights_only=False)
-        except Exception as err:  # noqa: BLE001 - any unreadable file
-            raise CheckpointError(f"{path}: cannot be read: {_first_line(err)}") from err
+def _unpickle(stream: BinaryIO, path: Path) -> Any:
     present = torch.serialization.get_safe_globals()
     added = [g for g in WEIGHTS_GLOBALS if g not in present]  # leave the host's own list
     with torch.serialization.safe_globals(added):
@@ -249,9 +239,9 @@ def _unpickle(stream: BinaryIO, path: Path, trusted: bool) -> Any:
                 f"{path}: refers to {', '.join(names)}, outside the globals a weights file "
                 "may use (WEIGHTS_GLOBALS: torch's tensor records and the omegaconf config "
                 "records of Boltz's hyperparameters): refused, nothing in it was run. If "
-                "the file comes from a source you trust, convert it once, in an environment "
-                f"where running its code is acceptable: {CONVERT_COMMAND} --trusted {path} "
-                "<new directory>; the directory written is read safely anywhere"
+                "the file comes from a source you trust, re-save it where loading it is "
+                "acceptable as {'state_dict': ..., 'hyper_parameters': ...} of plain tensors, "
+                f"dicts, lists and numbers, then run {CONVERT_COMMAND} on that file"
             ) from None
         except Exception as err:  # noqa: BLE001 - any unreadable file
             raise CheckpointError(
@@ -435,7 +425,6 @@ def convert_boltz_weights(
     mesh: FoldMesh | None = None,
     prediction: Boltz2Config | None = None,
     max_bytes: int = MAX_WEIGHTS_BYTES,
-    trusted: bool = False,
     allow_nonfinite: bool = False,
 ) -> Path:
     """Write a Lightning checkpoint of ``Boltz2`` as the project's checkpoint directory.
@@ -457,7 +446,7 @@ def convert_boltz_weights(
         after it (a job already started is used, and left running).
     prediction : Boltz2Config, optional
         Where the prediction settings come from (see :func:`weights_config`).
-    max_bytes, trusted, allow_nonfinite
+    max_bytes, allow_nonfinite
         As in :func:`read_boltz_weights`.
 
     Returns
@@ -477,9 +466,7 @@ def convert_boltz_weights(
             f"{out} exists: the conversion writes a new directory and replaces nothing; "
             "choose another name or remove it"
         )
-    weights = read_boltz_weights(
-        source, max_bytes=max_bytes, trusted=trusted, allow_nonfinite=allow_nonfinite
-    )
+    weights = read_boltz_weights(source, max_bytes=max_bytes, allow_nonfinite=allow_nonfinite)
     model = boltz2_model(weights, prediction)
     extra = {
         EXTRA_CONFIG: model.config.to_dict(),

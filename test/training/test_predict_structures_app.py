@@ -17,11 +17,14 @@ import pytest
 import torch
 
 pytest.importorskip("boltz.main")
-pl = pytest.importorskip("pytorch_lightning")
+pytest.importorskip("pytorch_lightning")
 
 from physicsnemo_foldcp.data.boltz_inputs import BoltzInputs  # noqa: E402
 from physicsnemo_foldcp.models.boltz2_config import Boltz2Config  # noqa: E402
-from physicsnemo_foldcp.testing.boltz2_models import serial_boltz2  # noqa: E402
+from physicsnemo_foldcp.testing.boltz2_models import (  # noqa: E402
+    save_lightning_checkpoint,
+    serial_boltz2,
+)
 from physicsnemo_foldcp.testing.boltz_library import write_library  # noqa: E402
 from physicsnemo_foldcp.testing.boltz_outputs import compare_prediction_dirs  # noqa: E402
 from physicsnemo_foldcp.training.structures import write_structures  # noqa: E402
@@ -57,17 +60,7 @@ def test_predict_app_writes_boltz_files_equal_to_serial_on_2x2(tmp_path):
     (tmp_path / "in" / "cplx.yaml").write_text(YAML)
     config = Boltz2Config()  # what model=boltz2 builds
     boltz2 = serial_boltz2(config, seed=4)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-    )
-    trainer.strategy.connect(boltz2)
-    trainer.save_checkpoint(str(tmp_path / "boltz2.ckpt"))
+    save_lightning_checkpoint(boltz2, tmp_path / "boltz2.ckpt")
     converted = _run(
         [sys.executable, "-m", "physicsnemo_foldcp.cli.convert_boltz_weights",
          str(tmp_path / "boltz2.ckpt"), str(tmp_path / "weights")]
