@@ -188,6 +188,33 @@ def _local_blocks(
     return expand_wire_blocks(views, meta.features, registry, meta.plan, coord)
 
 
+def _wait_every_send(sends: list[tuple[Any, int, torch.Tensor]]) -> None:
+    """Wait for every send, even after one fails, then raise naming the ranks not reached.
+
+    A peer that fails before it receives must not cost the others their blocks: each
+    send is waited on (each wait bounded by the group's timeout) before the first error
+    is raised again.
+
+    Parameters
+    ----------
+    sends : list of (work, peer, buffer)
+        The source's pending sends: the backend's work handle, the receiving global rank
+        and the buffer (kept alive until its send is done).
+    """
+    failed: list[tuple[int, RuntimeError]] = []
+    for work, peer, _ in sends:
+        try:
+            work.wait()
+        except RuntimeError as err:
+            failed.append((peer, err))
+    if failed:
+        ranks = ", ".join(str(peer) for peer, _ in failed)
+        raise RuntimeError(
+            f"scatter: the send of the features to global rank(s) {ranks} did not complete "
+            f"({failed[0][1]})"
+        ) from failed[0][1]
+
+
 def _p2p_transfer(
     mesh: FoldMesh,
     prepared: PreparedSample | None,
@@ -205,7 +232,7 @@ def _p2p_transfer(
         # receive while the next buffer is packed; on accelerators the sends go out as
         # one batch, as the backend's point-to-point batching expects.
         eager = device.type == "cpu"
-        sends: list[tuple[Any, torch.Tensor]] = []
+        sends: list[tuple[Any, int, torch.Tensor]] = []
         ops: list[dist.P2POp] = []
         for i in range(cp0):
             for j in range(cp1):
@@ -217,14 +244,14 @@ def _p2p_transfer(
                 peer = mesh.domain_global_rank(i, j)
                 stats.bytes_sent += buffer.numel()
                 if eager:
-                    sends.append((dist.isend(buffer, peer, group=mesh.domain_group), buffer))
+                    work = dist.isend(buffer, peer, group=mesh.domain_group)
+                    sends.append((work, peer, buffer))
                 else:
                     ops.append(dist.P2POp(dist.isend, buffer, peer, mesh.domain_group))
         own = pack_rank(prepared, me, device)
         for work in dist.batch_isend_irecv(ops) if ops else ():
             work.wait()
-        for work, _ in sends:
-            work.wait()
+        _wait_every_send(sends)
         return _local_blocks(own, meta, registry, me)
     layout = _local_layout(meta, registry, me)
     buffer = torch.empty(packed_size(layout), dtype=torch.uint8, device=device)

@@ -113,8 +113,36 @@ def count_outcomes(outcomes: Mapping[str, str]) -> dict[str, int]:
     return {outcome: counted.get(outcome, 0) for outcome in OUTCOMES}
 
 
-def read_run(template: str, ranks: Sequence[int]) -> tuple[dict[str, int], list[int]]:
-    """Count the outcomes of one run from its per-rank reports.
+def first_failure(cases_by_rank: Mapping[int, Sequence[Case]]) -> tuple[int, Case] | None:
+    """The failure that came first in the run's test order, and the rank that reported it.
+
+    Every rank runs the tests in the same order, so the earliest failed case over all
+    reports is where the run first went wrong; later failures are often its echo (a
+    broken process group fails every test after it).
+
+    Parameters
+    ----------
+    cases_by_rank : Mapping[int, Sequence[Case]]
+        Global rank -> that rank's cases (:func:`read_cases`).
+
+    Returns
+    -------
+    tuple[int, Case] or None
+        ``(rank, case)`` of the earliest failed case (lowest rank on a tie), or ``None``
+        when no case failed.
+    """
+    earliest: tuple[int, int, Case] | None = None
+    for rank, cases in sorted(cases_by_rank.items()):
+        for position, case in enumerate(cases):
+            if case.outcome == "failed":
+                if earliest is None or position < earliest[0]:
+                    earliest = (position, rank, case)
+                break
+    return None if earliest is None else (earliest[1], earliest[2])
+
+
+def read_reports(template: str, ranks: Sequence[int]) -> tuple[dict[int, list[Case]], list[int]]:
+    """Read every rank's report of one run.
 
     Parameters
     ----------
@@ -125,8 +153,8 @@ def read_run(template: str, ranks: Sequence[int]) -> tuple[dict[str, int], list[
 
     Returns
     -------
-    counts : dict[str, int]
-        ``{"passed": n, "failed": n, "skipped": n}`` over the reports found.
+    found : dict[int, list[Case]]
+        Rank -> its cases, for the reports that could be read.
     missing : list[int]
         Ranks whose report does not exist or cannot be parsed (a rank that was killed
         writes none).
@@ -137,4 +165,4 @@ def read_run(template: str, ranks: Sequence[int]) -> tuple[dict[str, int], list[
             found[rank] = read_cases(report_path(template, rank))
         except (FileNotFoundError, ET.ParseError):
             missing.append(rank)
-    return count_outcomes(merge_outcomes(found)), missing
+    return found, missing

@@ -30,12 +30,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from physicsnemo_foldcp.testing.junit import OUTCOMES, RANK_PLACEHOLDER, read_run
+from physicsnemo_foldcp.testing.junit import (
+    OUTCOMES,
+    RANK_PLACEHOLDER,
+    count_outcomes,
+    first_failure,
+    merge_outcomes,
+    read_reports,
+)
 from physicsnemo_foldcp.testing.processes import kill_group, kill_tree
 from physicsnemo_foldcp.testing.progress import PROGRESS_DIR_ENV, read_progress
 
 PLUGIN = "physicsnemo_foldcp.testing.plugin"
 _OUTPUT_DRAIN_S = 10.0
+_MESSAGE_CHARS = 300
+"""Characters of the first failure's message shown in the summary."""
 
 
 @dataclass
@@ -161,9 +170,17 @@ def run_part(
     # Processes the part left behind in its group would keep the output pipe open.
     kill_group(proc.pid)
     reader.join(timeout=_OUTPUT_DRAIN_S)
-    counts, missing = read_run(template, ranks)
+    reports, missing = read_reports(template, ranks)
+    counts = count_outcomes(merge_outcomes(reports))
     if missing and not timed_out:
-        notes.append(f"no readable JUnit report from rank(s) {', '.join(map(str, missing))}")
+        listed = ", ".join(map(str, missing))
+        notes.append(f"no readable JUnit report from rank(s) {listed}; last in:")
+        notes.extend(f"  {line}" for line in _describe_progress(progress_dir, missing))
+    first = first_failure(reports)
+    if first is not None:
+        rank, case = first
+        message = " ".join(case.message.split())[:_MESSAGE_CHARS]
+        notes.append(f"first failure: {case.test} on rank {rank}: {message}")
     for note in notes:
         print(f"### {name}: {note}", flush=True)
     return PartResult(

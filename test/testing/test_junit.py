@@ -3,9 +3,10 @@
 from physicsnemo_foldcp.testing.junit import (
     Case,
     count_outcomes,
+    first_failure,
     merge_outcomes,
     read_cases,
-    read_run,
+    read_reports,
 )
 from physicsnemo_foldcp.testing.progress import PROGRESS_DIR_ENV, read_progress
 
@@ -61,8 +62,9 @@ def test_a_real_report_counts_each_test_once(pytester):
     }
     failure = next(c for c in cases if c.test.endswith(".test_fails"))
     assert "one is not two" in failure.message
-    counts, missing = read_run(str(pytester.path / "report.xml"), ranks=[0])
-    assert (counts, missing) == ({"passed": 1, "failed": 3, "skipped": 2}, [])
+    found, missing = read_reports(str(pytester.path / "report.xml"), ranks=[0])
+    assert missing == []
+    assert count_outcomes(merge_outcomes(found)) == {"passed": 1, "failed": 3, "skipped": 2}
 
 
 def test_a_test_fails_if_it_fails_on_any_rank_or_is_missing_from_one():
@@ -86,13 +88,24 @@ def test_a_test_fails_if_it_fails_on_any_rank_or_is_missing_from_one():
     assert count_outcomes(merged) == {"passed": 1, "failed": 3, "skipped": 1}
 
 
+def test_the_first_failure_is_the_earliest_in_test_order_over_the_ranks():
+    ranks = {
+        0: [Case("t.a", "passed"), Case("t.b", "passed"), Case("t.c", "failed", "echo")],
+        1: [Case("t.a", "passed"), Case("t.b", "failed", "root cause"), Case("t.c", "failed")],
+        2: [Case("t.a", "passed"), Case("t.b", "failed", "same place"), Case("t.c", "passed")],
+    }
+    assert first_failure(ranks) == (1, Case("t.b", "failed", "root cause"))
+    assert first_failure({0: [Case("t.a", "passed"), Case("t.s", "skipped")]}) is None
+    assert first_failure({}) is None
+
+
 def test_missing_and_unreadable_reports_are_named(tmp_path):
     (tmp_path / "r0.xml").write_text('<testsuites><testsuite><testcase classname="t" name="a"/>')
     (tmp_path / "r1.xml").write_text(
         '<testsuites><testsuite><testcase classname="t" name="a"/></testsuite></testsuites>'
     )
-    counts, missing = read_run(str(tmp_path / "r{rank}.xml"), ranks=[0, 1, 2])
-    assert counts == {"passed": 1, "failed": 0, "skipped": 0}
+    found, missing = read_reports(str(tmp_path / "r{rank}.xml"), ranks=[0, 1, 2])
+    assert count_outcomes(merge_outcomes(found)) == {"passed": 1, "failed": 0, "skipped": 0}
     assert missing == [0, 2]
 
 

@@ -61,6 +61,42 @@ def test_a_silent_part_is_killed_at_its_bound_with_its_detached_workers(tmp_path
     assert result.missing_reports == [0, 1]
 
 
+# A launcher that ends on its own: rank 0 reports a failed test, rank 1 writes no report
+# and was last seen in a test (its progress file says which).
+HALF_REPORTED_LAUNCHER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    template = sys.argv[-1].removeprefix("--junitxml=")
+    Path(template.replace("{rank}", "0")).write_text(
+        '<testsuites><testsuite><testcase classname="t" name="a"/>'
+        '<testcase classname="t" name="b"><failure message="broken group"/></testcase>'
+        '</testsuite></testsuites>'
+    )
+    Path(sys.argv[1]).write_text("test_x.py::test_stuck (call)")
+    sys.exit(1)
+    """
+)
+
+
+def test_a_rank_without_report_is_named_with_its_last_test_and_the_first_failure(tmp_path):
+    progress = tmp_path / "reports" / "progress"
+    result = run_part(
+        "half",
+        [sys.executable, "-c", HALF_REPORTED_LAUNCHER, str(progress_file(progress, 1))],
+        ranks=[0, 1],
+        report_dir=tmp_path / "reports",
+        timeout_s=60,
+        env=dict(os.environ),
+    )
+    assert not result.timed_out and not result.ok and result.missing_reports == [1]
+    assert result.notes == [
+        "no readable JUnit report from rank(s) 1; last in:",
+        "  rank 1: test_x.py::test_stuck (call)",
+        "first failure: t.b on rank 0: broken group",
+    ]
+
+
 def test_closing_line_and_status_follow_the_parts(capsys):
     passed = PartResult("serial", 0, 1.0, {"passed": 5, "failed": 0, "skipped": 2})
     failed = PartResult("world 4", 1, 1.0, {"passed": 3, "failed": 2, "skipped": 0})
@@ -88,6 +124,7 @@ def test_serial_part_counts_come_from_its_junit_report(tmp_path, capsys, monkeyp
     out = capsys.readouterr().out
     assert status == 1
     assert out.rstrip().splitlines()[-1] == "suite: 1 passed, 1 failed, 1 skipped"
+    assert "first failure: tests.test_mixed.test_fails on rank 0: assert False" in out, out
     assert (tmp_path / "logs" / "serial" / "junit" / "rank0.xml").is_file()
 
 
