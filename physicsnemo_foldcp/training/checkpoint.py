@@ -62,6 +62,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.nn.parallel import DistributedDataParallel
 
 from physicsnemo_foldcp.distributed.errors import on_every_rank, on_rank_zero
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
@@ -99,6 +100,29 @@ PLAIN_TYPES = (str, int, float, bool, type(None))
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be found, read, or applied to this run."""
+
+
+def _state_dict_owner(model: nn.Module) -> nn.Module:
+    """The module whose state is saved and loaded: the wrapped one of a DDP model.
+
+    ``get_model_state_dict`` strips DDP's ``module.`` prefix, but ``set_model_state_dict``
+    maps keys back through ``named_parameters()``, which lists a module registered under
+    two names once; its second name then keeps no prefix and a strict load fails (Boltz's
+    ``DiffusionTransformerLayer`` registers its output projection twice). The wrapped
+    module holds the same parameters under the same, unprefixed names. FSDP2 does not
+    wrap the module, so it is its own owner.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model as trained: plain, FSDP2-sharded or wrapped in DDP.
+
+    Returns
+    -------
+    nn.Module
+        ``model.module`` for a ``DistributedDataParallel``, else ``model``.
+    """
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
@@ -265,6 +289,7 @@ def write_checkpoint(
     loader = dict(loader_state) if loader_state is not None else None
     check_plain(extra, "extra")
     check_plain(loader, "loader state")
+    model = _state_dict_owner(model)
     if optimizer is None:
         model_state, optim_state = get_model_state_dict(model), {}
     else:
@@ -631,6 +656,7 @@ def load_checkpoint(
         return state, files, metadata
 
     state, files, metadata = on_every_rank(read_files, f"reading checkpoint {path}")
+    model = _state_dict_owner(model)
     if optimizer is None:
         model_state = get_model_state_dict(model)
         optim_state: dict[str, Any] = {}

@@ -109,6 +109,38 @@ def test_a_checkpoint_loads_into_another_model_and_optimizer_exactly(saved):
     assert all(torch.equal(got[k], expected[k]) for k in expected), "not loaded as saved"
 
 
+class SharedProjection(nn.Module):
+    """One Linear registered under two names, as Boltz's ``DiffusionTransformerLayer`` does."""
+
+    def __init__(self):
+        super().__init__()
+        self.projection_linear = nn.Linear(3, 3)
+        self.projection = nn.Sequential(self.projection_linear, nn.Sigmoid())
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(self.projection(x))
+
+
+def test_a_ddp_model_with_a_module_under_two_names_saves_and_loads_exactly(tmp_path, mesh):
+    """DDP's ``module.`` prefix is not put back on a second name: the strict load fits."""
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = nn.parallel.DistributedDataParallel(SharedProjection())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model(torch.randn(5, 3)).pow(2).sum().backward()
+        optimizer.step()
+        models.append((model, optimizer))
+    (source, source_optimizer), (target, target_optimizer) = models
+    path = save_checkpoint(tmp_path / "checkpoints", 1, source, source_optimizer, mesh)
+    load_checkpoint(path, target, target_optimizer, mesh=mesh)
+    expected = snapshot(source.module, source_optimizer)
+    got = snapshot(target.module, target_optimizer)
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[k], expected[k]) for k in expected), "not loaded as saved"
+
+
 # -- where the files are --------------------------------------------------------------------
 
 
