@@ -21,12 +21,19 @@ Enable it from a ``conftest.py`` with ``pytest_plugins = ["physicsnemo_foldcp.te
   in a file there (:mod:`physicsnemo_foldcp.testing.progress`), for a runner that has to
   report a hang.
 * Every collective wait is bounded by ``--foldcp-timeout`` seconds; TF32 is off.
+* ``--foldcp-exit-at-end``: once the session's reports are written, the process ends
+  with pytest's exit status through ``os._exit``, without tearing the interpreter down
+  (with torch, Boltz and Lightning loaded that takes seconds per process, times the
+  ranks on a few cores). The suite runner passes it; a pytest run inside a test
+  (``pytester``) does not get it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -42,7 +49,7 @@ MARKER = "multigpu_static"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add ``--multigpu-static`` and ``--foldcp-timeout``."""
+    """Add ``--multigpu-static``, ``--foldcp-timeout`` and ``--foldcp-exit-at-end``."""
     group = parser.getgroup("foldcp")
     group.addoption(
         "--multigpu-static",
@@ -55,6 +62,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=float(os.environ.get("FOLDCP_TEST_TIMEOUT_S", 180)),
         help="bound in seconds on every collective wait in distributed tests",
+    )
+    group.addoption(
+        "--foldcp-exit-at-end",
+        action="store_true",
+        default=False,
+        help="end the process with os._exit(status) once the reports are written",
     )
 
 
@@ -210,8 +223,28 @@ def pytest_collection(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Note that this rank ran its last test."""
+    """Note that this rank ran its last test; keep the session for the exit status."""
     _note_progress("finished")
+    session.config.stash[_SESSION] = session
+
+
+_SESSION = pytest.StashKey[pytest.Session]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """With ``--foldcp-exit-at-end``, end the process now with pytest's exit status.
+
+    This is the last hook pytest calls: the JUnit report and the terminal summary are
+    written (``pytest_sessionfinish``) and every other plugin is unconfigured.
+    """
+    session = config.stash.get(_SESSION, None)
+    if not config.getoption("--foldcp-exit-at-end") or session is None:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(int(session.exitstatus))
 
 
 @pytest.fixture(scope="session")

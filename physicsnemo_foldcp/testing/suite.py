@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
 
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    common = ["-q", "-p", "no:cacheprovider", "-p", PLUGIN, f"--timeout={args.test_timeout:.0f}"]
+    common = ["-q", "-p", "no:cacheprovider", "-p", PLUGIN, "--foldcp-exit-at-end"]
+    common += [f"--timeout={args.test_timeout:.0f}"]
     log_root = Path(args.log_dir)
     results: list[PartResult] = []
     if not args.no_serial:
