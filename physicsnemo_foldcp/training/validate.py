@@ -4,12 +4,14 @@
 serially on plain tensors (the ground truth) and distributed on the scattered ShardTensors.
 It compares the loss, every named module's output (in call order), the model's outputs and
 every parameter gradient, and lists the collectives of the distributed forward and
-backward. Every op that fell back to gathering a sharded operand is reported with the op
-and the module that called it, whichever path it took: the plugin's dispatch (an op that
-reads along a sharded axis, or one without a rule) or PhysicsNeMo's generic DTensor
-fallback (a ShardTensor the plugin did not make). Such an all-gather is *unexpected*:
-correct, but it is the memory CP exists to save. TF32 is pinned off during the
-comparison.
+backward. With ``step="predict"`` it runs the model's ``predict_step`` instead, without
+gradients (a Boltz-2 prediction: trunk, sampling, confidence), and compares the module
+outputs and the prediction. Every op that fell back to gathering a sharded operand is
+reported with the op and the module that called it, whichever path it took: the plugin's
+dispatch (an op that reads along a sharded axis, or one without a rule) or PhysicsNeMo's
+generic DTensor fallback (a ShardTensor the plugin did not make). Such an all-gather is
+*unexpected*: correct, but it is the memory CP exists to save. TF32 is pinned off during
+the comparison.
 """
 
 from __future__ import annotations
@@ -72,10 +74,10 @@ class ValidationReport:
 
     Attributes
     ----------
-    loss_serial, loss_distributed : float
-        The two losses.
+    loss_serial, loss_distributed : float or None
+        The two losses (``None`` for ``step="predict"``).
     loss_ok : bool
-        Whether they agree within tolerance.
+        Whether they agree within tolerance (``True`` when there is no loss).
     module_errors : dict[str, float]
         Named module (``name`` or ``name#k`` for its k-th call) -> max abs difference of
         its output, in call order; modules whose outputs cannot be compared are absent.
@@ -101,8 +103,8 @@ class ValidationReport:
         Tolerances used.
     """
 
-    loss_serial: float
-    loss_distributed: float
+    loss_serial: float | None
+    loss_distributed: float | None
     loss_ok: bool
     module_errors: dict[str, float] = field(default_factory=dict)
     first_divergent_module: str | None = None
@@ -138,10 +140,16 @@ class ValidationReport:
     def format(self) -> str:
         """A readable summary."""
         verdict = "OK" if self.ok else "FAILED"
+        if self.loss_serial is None or self.loss_distributed is None:
+            loss = "  loss: none (a prediction)"
+        else:
+            loss = (
+                f"  loss serial {self.loss_serial:.8g}, distributed {self.loss_distributed:.8g}"
+                f" -> {'equal' if self.loss_ok else 'DIFFERENT'}"
+            )
         lines = [
             f"validate_model: {verdict} (rtol={self.rtol:g}, atol={self.atol:g}, TF32 off)",
-            f"  loss serial {self.loss_serial:.8g}, distributed {self.loss_distributed:.8g}"
-            f" -> {'equal' if self.loss_ok else 'DIFFERENT'}",
+            loss,
             f"  modules compared: {len(self.module_errors)}; first divergent: "
             f"{self.first_divergent_module or 'none'}",
             f"  gradients compared: {len(self.gradient_errors)}; differing: "
@@ -282,6 +290,15 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _plain_leaves(value: Any) -> Any:
+    """``value`` with every tensor dropped: the keys and the non-tensor values it holds."""
+    if isinstance(value, Mapping):
+        return {k: _plain_leaves(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_leaves(v) for v in value]
+    return None if isinstance(value, torch.Tensor) else value
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     if isinstance(t, (ShardTensor, DTensor)):
         return t.full_tensor()
@@ -340,12 +357,18 @@ def _max_diff(actual: torch.Tensor, expected: torch.Tensor) -> float | None:
     if actual.shape != expected.shape:
         return None
     a, e = actual.double(), expected.double()
-    return float((a - e).abs().max()) if a.numel() else 0.0
+    both_nan = a.isnan() & e.isnan()
+    diff = (a - e).abs().masked_fill(both_nan, 0.0)
+    return float(diff.max()) if a.numel() else 0.0
 
 
 def _within(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> bool:
-    scale = max(1.0, float(expected.abs().max())) if expected.numel() else 1.0
-    return bool(torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol * scale))
+    scale = max(1.0, float(expected.abs().nan_to_num().max())) if expected.numel() else 1.0
+    return bool(
+        torch.allclose(
+            actual.double(), expected.double(), rtol=rtol, atol=atol * scale, equal_nan=True
+        )
+    )
 
 
 def validate_model(
@@ -359,6 +382,7 @@ def validate_model(
     token_bounds: Sequence[int] | None = None,
     rtol: float = 1e-5,
     atol: float = 1e-6,
+    step: str = "train",
 ) -> ValidationReport:
     """Run ``model`` serially and distributed on ``sample``; compare outputs and gradients.
 
@@ -378,7 +402,7 @@ def validate_model(
         From :func:`physicsnemo_foldcp.init_mesh`.
     loss_fn : callable, optional
         ``loss_fn(outputs, features)`` -> scalar loss; the model's ``loss`` method by
-        default.
+        default (``step="train"`` only).
     registry : FeatureRegistry, optional
         Axis meanings of the features (Boltz-2 preset by default).
     options : ShardingOptions, optional
@@ -389,16 +413,42 @@ def validate_model(
         Explicit row-block token boundaries for the scatter (see
         :func:`~physicsnemo_foldcp.scatter_features`).
     rtol, atol : float
-        Tolerances; ``atol`` is scaled by ``max(1, max |serial value|)`` per tensor.
+        Tolerances; ``atol`` is scaled by ``max(1, max |serial value|)`` per tensor. NaN
+        agrees with NaN at the same place.
+    step : {"train", "predict"}, default "train"
+        ``"train"``: ``model(**features)``, the loss and its backward; gradients are
+        compared. ``"predict"``: ``model.predict_step(features)`` under ``torch.no_grad``
+        (e.g. :class:`~physicsnemo_foldcp.models.Boltz2Model`); there is no loss and no
+        gradient, the prediction's keys and tensors are compared.
 
     Returns
     -------
     ValidationReport
         See its attributes; ``report.ok`` and ``report.format()``.
     """
+    if step not in ("train", "predict"):
+        raise ValueError(f"step must be 'train' or 'predict', got {step!r}")
     if not isinstance(model, nn.Module):
         model = model()
-    loss_fn = model_loss(model, loss_fn)
+    if step == "predict":
+        if loss_fn is not None:
+            raise ValueError("loss_fn is for step='train'; a prediction has no loss")
+        if not callable(getattr(model, "predict_step", None)):
+            raise TypeError(
+                f"{type(model).__name__} has no predict_step(features): step='predict' "
+                "runs that method"
+            )
+    else:
+        loss_fn = model_loss(model, loss_fn)
+    predicting = step == "predict"
+
+    def run(features: Mapping[str, Any]) -> tuple[Any, torch.Tensor | None]:
+        if predicting:
+            with torch.no_grad():
+                return model.predict_step(features), None
+        outputs = model(**features)
+        return outputs, loss_fn(outputs, features)
+
     model = model.to(mesh.device)
     sync_over_domain(model, mesh)
     device_sample = {
@@ -412,10 +462,10 @@ def validate_model(
     with tf32_off() as was_on, _Recorder(model) as recorder:
         model.zero_grad(set_to_none=True)
         recorder.recording = True
-        serial_out = model(**device_sample)
-        serial_loss = loss_fn(serial_out, device_sample)
+        serial_out, serial_loss = run(device_sample)
         recorder.recording = False
-        serial_loss.backward()
+        if serial_loss is not None:
+            serial_loss.backward()
         serial_outputs, serial_order = recorder.outputs, recorder.order
         serial_grads = {
             n: p.grad.detach().clone() if p.grad is not None else None for n, p in params.items()
@@ -435,18 +485,18 @@ def validate_model(
             with compat.comm_counter() as forward_mode:
                 comm.update(active=forward_mode, phase="forward")
                 recorder.recording = True
-                dist_out = model(**features)
-                dist_loss = loss_fn(dist_out, features)
+                dist_out, dist_loss = run(features)
                 recorder.recording = False
             with compat.comm_counter() as backward_mode:
                 comm.update(active=backward_mode, phase="backward")
-                dist_loss.backward()
+                if dist_loss is not None:
+                    dist_loss.backward()
             comm.update(active=None, phase=None)
 
         report = ValidationReport(
-            loss_serial=float(serial_loss.detach()),
-            loss_distributed=float(_full(dist_loss.detach())),
-            loss_ok=False,
+            loss_serial=None if serial_loss is None else float(serial_loss.detach()),
+            loss_distributed=None if dist_loss is None else float(_full(dist_loss.detach())),
+            loss_ok=serial_loss is None,
             tf32_was_on=was_on,
             rtol=rtol,
             atol=atol,
@@ -454,9 +504,10 @@ def validate_model(
             backward_collectives=_counts(backward_mode),
             fallback_collectives=fallbacks,
         )
-        report.loss_ok = _within(
-            torch.tensor(report.loss_distributed), torch.tensor(report.loss_serial), rtol, atol
-        )
+        if report.loss_serial is not None and report.loss_distributed is not None:
+            report.loss_ok = _within(
+                torch.tensor(report.loss_distributed), torch.tensor(report.loss_serial), rtol, atol
+            )
         _compare_modules(report, serial_order, serial_outputs, recorder, rtol, atol)
         _compare_outputs(report, serial_out, dist_out, rtol, atol)
         _compare_gradients(report, params, serial_grads, rtol, atol)
@@ -501,7 +552,7 @@ def _compare_modules(
 
 def _compare_outputs(report, serial_out, dist_out, rtol: float, atol: float) -> None:
     expected, actual = _tensors(serial_out), _tensors(dist_out)
-    ok = len(expected) == len(actual)
+    ok = len(expected) == len(actual) and _plain_leaves(serial_out) == _plain_leaves(dist_out)
     for e, a in zip(expected, actual):
         full = _full(a.detach())
         ok = ok and full.shape == e.shape and _within(full, e.detach(), rtol, atol)

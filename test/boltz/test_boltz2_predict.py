@@ -1,26 +1,27 @@
-"""Boltz-2 prediction (Boltz2Model.predict_step) under CP against Boltz's own Boltz2.
+"""Boltz-2 prediction (Boltz2Model.predict_step) under CP: serial parity and local sizes.
 
-Same weights and seed on every rank: the serial ``Boltz2.predict_step`` of the whole
-sample is the ground truth; the distributed run gets the scattered sample. Uneven N,
-ligand tokens, atom windows that straddle the row blocks; no fallback gather.
+``validate_model(step="predict")`` runs the same weights and seed serially on the whole
+sample (the ground truth; ``Boltz2Model.predict_step`` equals Boltz's own
+``Boltz2.predict_step``, ``test/models/test_boltz2_model.py``) and distributed on the
+scattered sample, and compares every module and output. Uneven N, ligand tokens, atom
+windows that straddle the row blocks; no fallback gather.
 """
 
 import pytest
 import torch
-import torch.distributed as dist
+from physicsnemo.domain_parallel import ShardTensor
 
 from physicsnemo_foldcp import scatter_features
-from physicsnemo_foldcp.core import events
 from physicsnemo_foldcp.data.datasets import batched
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.memory import LocalSizeGuard
+from physicsnemo_foldcp.training.validate import validate_model
 
 const = pytest.importorskip("boltz.data.const")
 
 from physicsnemo_foldcp.models.boltz2 import Boltz2Model  # noqa: E402
 from physicsnemo_foldcp.models.boltz2_config import Boltz2Config  # noqa: E402
-from physicsnemo_foldcp.testing.boltz2_models import model_pair  # noqa: E402
 
 pytestmark = pytest.mark.multigpu_static
 mesh_id = lambda s: "x".join(map(str, s))  # noqa: E731
@@ -28,83 +29,71 @@ mesh_id = lambda s: "x".join(map(str, s))  # noqa: E731
 SEED = 11
 COORDS_ATOL = 1e-4
 VALUES_ATOL = 1e-5
+CONFIG = Boltz2Config(predict_args={"diffusion_samples": 2, "sampling_steps": 3})
 
 
-def _predict(config: Boltz2Config, sample: dict, fold_mesh) -> tuple[dict, dict, list]:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    boltz2, ours = model_pair(config, seed=1)
-    boltz2.predict_args = dict(config.predict_args)
-    expected = [None]
-    if dist.get_rank() == 0:  # the serial run once; every rank compares with it
-        torch.manual_seed(SEED)
-        with torch.no_grad():
-            expected[0] = boltz2.predict_step(dict(sample), 0)
-    dist.broadcast_object_list(expected, src=0)
-    expected = expected[0]
-    feats = scatter_features(sample, fold_mesh)
-    fallbacks = []
+class ShiftedWhenSharded(Boltz2Model):
+    """A Boltz2Model whose distributed prediction moves every atom by 1 (coordinates a few
+    sampling steps from the noise are hundreds of units large)."""
+
+    def predict_step(self, feats):
+        """The prediction, its coordinates shifted when ``feats`` are scattered."""
+        out = super().predict_step(feats)
+        if any(isinstance(v, ShardTensor) for v in feats.values()):
+            out["coords"] = out["coords"] + 1.0
+        return out
+
+
+def _validate(model: Boltz2Model, sample: dict, fold_mesh):
     torch.manual_seed(SEED)
-    with events.observe(lambda e: fallbacks.append(e) if e.kind == events.FALLBACK else None):
-        got = ours.predict_step(feats)
-    return expected, got, fallbacks
+    return validate_model(
+        model.eval(), sample, fold_mesh, step="predict", rtol=COORDS_ATOL, atol=VALUES_ATOL
+    )
 
 
-def _differences(expected, got, path: str, out: list[str]) -> None:
-    """Every value of ``got`` against ``expected`` (Boltz's predict_step output)."""
-    if isinstance(expected, dict):
-        if set(got) != set(expected):
-            out.append(f"{path}: keys {sorted(got)} != {sorted(expected)}")
-            return
-        for key in expected:
-            _differences(expected[key], got[key], f"{path}.{key}", out)
-    elif isinstance(expected, torch.Tensor):
-        got = got.full_tensor() if hasattr(got, "full_tensor") else got
-        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-            out.append(f"{path}: {type(got).__name__} {getattr(got, 'shape', '')}")
-            return
-        if not expected.is_floating_point():
-            if not torch.equal(got, expected):
-                out.append(f"{path}: {got.tolist()} != {expected.tolist()}")
-            return
-        tol = COORDS_ATOL if path == ".coords" else VALUES_ATOL
-        if not torch.equal(got.isnan(), expected.isnan()):
-            out.append(f"{path}: NaN at other places")
-            return
-        err = (got - expected).nan_to_num().abs().max().item() if got.numel() else 0.0
-        if not err <= tol:
-            out.append(f"{path}: differs from serial by {err} (tolerance {tol})")
-    elif got != expected:
-        out.append(f"{path}: {got!r} != {expected!r}")
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+def test_validate_model_finds_no_fallback_in_a_prediction(fold_mesh, capsys):
+    """Trunk, conditioning, sampling, structure checks and confidence, module by module.
 
-
-@pytest.mark.parametrize(
-    "fold_mesh,n_tokens",
-    [((1, 2, 3), 41)],
-    indirect=["fold_mesh"],
-    ids=lambda v: mesh_id(v) if isinstance(v, tuple) else f"{v}",
-)
-def test_prediction_equals_serial(fold_mesh, n_tokens, capsys):
-    """Coordinates, structure checks, every confidence output: serial within tolerance.
-
-    One non-square mesh here, on a synthetic complex with several ligand chains, for every
-    output of ``predict_step`` and the absence of fallback gathers; the written files on
-    1x2, 2x2, 2x3 and 3x3 are ``test_boltz2_structures``'s.
+    A synthetic complex with several ligand chains (the frame search path): every module
+    output and every output of ``predict_step`` as serial, and no fallback gather. The
+    written files on 1x2, 2x2, 2x3 and 3x3 are ``test_boltz2_structures``'s.
     """
-    config = Boltz2Config(predict_args={"diffusion_samples": 2, "sampling_steps": 3})
-    sample = batched(make_complex(n_tokens, seed=5, msa_rows=4, atom_multiple=32))
+    sample = batched(make_complex(41, seed=5, msa_rows=4, atom_multiple=32))
     ligand = const.chain_type_ids["NONPOLYMER"]
     chains = sample["asym_id"][sample["mol_type"] == ligand]
     collective_assert(
         bool(chains.numel()) and int(torch.bincount(chains).max()) >= 3,
         "the sample has no ligand chain of three or more atoms (the frame search path)",
     )
-    expected, got, fallbacks = _predict(config, sample, fold_mesh)
-    problems = [f"fallback gather in {e.op} {e.shape}: {e.reason}" for e in fallbacks[:3]]
-    _differences(expected, got, "", problems)
+    torch.manual_seed(0)
+    report = _validate(Boltz2Model(CONFIG), sample, fold_mesh)
+    problems = [] if report.ok else [report.format()]
+    if report.fallback_collectives:
+        problems.append(f"fallbacks: {report.fallback_collectives[:3]}")
+    # The atom encoder's window blocks are each rank's own (not compared); the rest is.
+    if len(report.module_errors) < 400:
+        problems.append(f"{len(report.module_errors)} modules compared, {report.not_compared}")
+    if report.loss_serial is not None or report.gradient_errors:
+        problems.append("a prediction has no loss and no gradient")
     printed = capsys.readouterr().out
     if "Error in" in printed:  # Boltz's confidence heads print and report 0 on an exception
         problems.append(f"Boltz caught an exception: {printed.strip()[:300]}")
-    collective_assert(not problems, "; ".join(problems[:8]))
+    collective_assert(not problems, "; ".join(problems))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+def test_a_prediction_that_differs_from_serial_fails_validation(fold_mesh):
+    """Coordinates 1 off in the distributed run only: the outputs fail, no module does."""
+    sample = batched(make_complex(17, seed=2, msa_rows=2, atom_multiple=32))
+    torch.manual_seed(0)
+    report = _validate(ShiftedWhenSharded(CONFIG), sample, fold_mesh)
+    problems = []
+    if report.ok or report.outputs_ok:
+        problems.append(f"the shifted coordinates passed:\n{report.format()}")
+    if report.first_divergent_module is not None:
+        problems.append(f"a module diverged: {report.first_divergent_module}")
+    collective_assert(not problems, "; ".join(problems))
 
 
 GUARD_FACTOR = 4
@@ -124,7 +113,7 @@ def test_no_rank_holds_a_full_pair_in_a_prediction(fold_mesh):
     config = Boltz2Config(
         token_z=token_z,
         atom_z=2,
-        predict_args={"diffusion_samples": 2, "sampling_steps": 2},
+        predict_args={"diffusion_samples": 2, "sampling_steps": 1},
     )
     torch.manual_seed(0)
     model = Boltz2Model(config).eval()

@@ -1,4 +1,4 @@
-"""The Hydra apps end to end: train on 4 ranks, resume, rerun, restart, compile, predict, refuse.
+"""The Hydra apps end to end: train on 4 ranks, rerun, restart, compile, predict, refuse.
 
 Each test launches ``examples/train.py`` / ``examples/predict.py`` as a subprocess (one
 process, or 4 with ``torchrun``) with their default configuration, in a temporary run dir.
@@ -155,22 +155,7 @@ def test_rank_zero_sends_every_step_to_mlflow_and_wandb(trained):
     assert wandb_init[1] == "offline" and "train" in wandb_init[2]
 
 
-def test_resume_on_4_ranks_continues_with_the_same_losses(trained, tmp_path):
-    run_dir, _ = trained
-    resumed = tmp_path / "b"
-    start = checkpoint_path(run_dir / "checkpoints", 25)
-    proc = launch(
-        "train.py",
-        ["mesh.cp=[2,2]", f"run_dir={resumed}", "train.progress=false", f"train.resume={start}"],
-        4,
-    )
-    assert proc.returncode == 0, tail(proc)
-    straight, again = losses(run_dir), losses(resumed)
-    assert sorted(again) == list(range(26, 31)), sorted(again)
-    assert [again[s] for s in again] == [straight[s] for s in again]
-
-
-LIGHTNING_STEPS = 10
+LIGHTNING_STEPS = 5
 """Steps of the Lightning app's run: the first steps of the ``trained`` run."""
 
 
@@ -388,38 +373,32 @@ def test_a_job_restarted_by_torchrun_continues_the_run(tmp_path):
     assert [json.loads(line)["step"] for line in lines] == list(range(1, 8))
 
 
-def test_the_boltz2_trunk_trains_resumes_and_predicts_on_feature_files_with_ddp(tmp_path):
+def test_the_boltz2_trunk_trains_and_predicts_on_feature_files_with_ddp(tmp_path):
     """``model=boltz2_trunk data=files``: Boltz's own trunk modules, trained by the app.
 
     Training runs with DDP on ``ddp 2 x cp 1x2`` from feature files that hold atoms padded
-    to whole windows, as Boltz's featurizer writes them; the loss falls, a run resumed from
-    step 2 gives the same losses, and ``predict.py`` on a 2x2 mesh writes the serial
-    trunk's distograms of the files. That DDP steps equal serial steps is shown in
-    ``test/boltz/test_trunk_training.py``.
+    to whole windows, as Boltz's featurizer writes them; the loss falls, and ``predict.py``
+    on a 2x2 mesh writes the serial trunk's distograms of the files. That DDP steps equal
+    serial steps is shown in ``test/boltz/test_trunk_training.py``; that such a model (a
+    module under two names) resumes under DDP, in ``test_checkpoint_safety.py``.
     """
     pytest.importorskip("boltz")
-    samples, run_dir, resumed, out = (tmp_path / name for name in ("samples", "a", "b", "p"))
+    samples, run_dir, out = (tmp_path / name for name in ("samples", "a", "p"))
     samples.mkdir()
     for i, n in enumerate((19, 23, 26, 21)):
         sample = make_complex(n, seed=i, msa_rows=4, atom_multiple=32)
         save_sample({**sample, "record_id": f"file{i}"}, samples / f"{i}.pt")
     data = ["model=boltz2_trunk", "data=files", f"data.path={samples}"]
     train = [*data, "mesh.cp=[1,2]", "train.wrapper=ddp", "train.progress=false"]
-    train += ["train.steps=4", "train.checkpoint_every=2"]
+    train += ["train.steps=3"]
     proc = launch("train.py", [*train, f"run_dir={run_dir}"], 4)
     assert proc.returncode == 0, tail(proc)
     assert "wrapped as DistributedDataParallel" in proc.stdout + proc.stderr, tail(proc)
     curve = losses(run_dir)
-    assert sorted(curve) == [1, 2, 3, 4], curve
-    assert curve[3] + curve[4] < curve[1] + curve[2] - 1.0, curve
-    start = checkpoint_path(run_dir / "checkpoints", 2)
-    proc = launch("train.py", [*train, f"run_dir={resumed}", f"train.resume={start}"], 4)
-    assert proc.returncode == 0, tail(proc)
-    again = losses(resumed)
-    assert sorted(again) == [3, 4], again
-    assert [again[s] for s in again] == [curve[s] for s in again]
+    assert sorted(curve) == [1, 2, 3], curve
+    assert curve[3] < curve[1] - 0.5, curve
 
-    checkpoint = checkpoint_path(run_dir / "checkpoints", 4)
+    checkpoint = checkpoint_path(run_dir / "checkpoints", 3)
     predict = ["mesh.cp=[2,2]", f"predict.checkpoint={checkpoint}", f"predict.out_dir={out}"]
     proc = launch("predict.py", [*data, *predict], 4)
     assert proc.returncode == 0, tail(proc)

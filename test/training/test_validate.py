@@ -191,3 +191,21 @@ def test_matmul_einsum_and_index_fallbacks_are_reported_by_name(fold_mesh):
     if report.ok:
         problems.append("a model that gathers must not validate as ok")
     collective_assert(not problems, "; ".join(problems) + "\n" + report.format())
+
+
+class _Predicts(nn.Module):
+    """A module with a ``predict_step``, for the refusals of ``step="predict"``."""
+
+    def predict_step(self, feats):
+        """Nothing to predict."""
+        return {}
+
+
+def test_a_prediction_needs_a_predict_step_and_takes_no_loss():
+    """Refused before any work: a model without predict_step, a loss, an unknown step."""
+    with pytest.raises(TypeError, match="Linear has no predict_step"):
+        validate_model(nn.Linear(2, 2), {}, None, step="predict")
+    with pytest.raises(ValueError, match="loss_fn is for step='train'"):
+        validate_model(_Predicts(), {}, None, step="predict", loss_fn=lambda out, feats: 0)
+    with pytest.raises(ValueError, match="step must be 'train' or 'predict', got 'eval'"):
+        validate_model(nn.Linear(2, 2), {}, None, step="eval")
