@@ -1,8 +1,10 @@
 """Collective asserts: a failure on any rank fails every rank, with that rank's message.
 
-Every helper here issues exactly one object all-gather over the group (the world by
-default), so all ranks must call it the same number of times, in the same order. The wait
-is bounded by the process group's timeout (see :func:`physicsnemo_foldcp.init_mesh`).
+Every helper here first sums a one-element flag over the group (the world by default)
+and, only when some rank failed, all-gathers the failures as objects; all ranks see the
+same flag, so they issue the same collectives. All ranks must call a helper the same
+number of times, in the same order. The wait is bounded by the process group's timeout
+(see :func:`physicsnemo_foldcp.init_mesh`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def gather_failures(message: T | None, group: dist.ProcessGroup | None = None) -
     """
     if not dist.is_available() or not dist.is_initialized():
         return {} if message is None else {0: message}
+    device = torch.device("cpu")
+    if dist.get_backend(group) == dist.Backend.NCCL:
+        device = torch.device("cuda", torch.cuda.current_device())
+    failed = torch.tensor([0 if message is None else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(failed, group=group)
+    if not int(failed.item()):  # every rank passed: one small collective, no pickling
+        return {}
     size = dist.get_world_size(group)
     gathered: list[T | None] = [None] * size
     dist.all_gather_object(gathered, message, group=group)

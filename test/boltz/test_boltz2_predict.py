@@ -113,7 +113,7 @@ def test_no_rank_holds_a_full_pair_in_a_prediction(fold_mesh):
     config = Boltz2Config(
         token_z=token_z,
         atom_z=2,
-        predict_args={"diffusion_samples": 2, "sampling_steps": 1},
+        predict_args={"diffusion_samples": 2, "sampling_steps": 2},
     )
     torch.manual_seed(0)
     model = Boltz2Model(config).eval()
