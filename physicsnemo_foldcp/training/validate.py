@@ -352,21 +352,30 @@ def _fallback_tracing(
         yield
 
 
-def _max_diff(actual: torch.Tensor, expected: torch.Tensor) -> float | None:
+def _max_diff(
+    actual: torch.Tensor, expected: torch.Tensor, equal_nan: bool = False
+) -> float | None:
     """Max abs difference, or ``None`` when the shapes differ."""
     if actual.shape != expected.shape:
         return None
     a, e = actual.double(), expected.double()
-    both_nan = a.isnan() & e.isnan()
-    diff = (a - e).abs().masked_fill(both_nan, 0.0)
+    diff = (a - e).abs()
+    if equal_nan:
+        diff = diff.masked_fill(a.isnan() & e.isnan(), 0.0)
     return float(diff.max()) if a.numel() else 0.0
 
 
-def _within(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> bool:
+def _within(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    rtol: float,
+    atol: float,
+    equal_nan: bool = False,
+) -> bool:
     scale = max(1.0, float(expected.abs().nan_to_num().max())) if expected.numel() else 1.0
     return bool(
         torch.allclose(
-            actual.double(), expected.double(), rtol=rtol, atol=atol * scale, equal_nan=True
+            actual.double(), expected.double(), rtol=rtol, atol=atol * scale, equal_nan=equal_nan
         )
     )
 
@@ -413,8 +422,8 @@ def validate_model(
         Explicit row-block token boundaries for the scatter (see
         :func:`~physicsnemo_foldcp.scatter_features`).
     rtol, atol : float
-        Tolerances; ``atol`` is scaled by ``max(1, max |serial value|)`` per tensor. NaN
-        agrees with NaN at the same place.
+        Tolerances; ``atol`` is scaled by ``max(1, max |serial value|)`` per tensor. With
+        ``step="predict"`` NaN agrees with NaN at the same place.
     step : {"train", "predict"}, default "train"
         ``"train"``: ``model(**features)``, the loss and its backward; gradients are
         compared. ``"predict"``: ``model.predict_step(features)`` under ``torch.no_grad``
@@ -508,8 +517,12 @@ def validate_model(
             report.loss_ok = _within(
                 torch.tensor(report.loss_distributed), torch.tensor(report.loss_serial), rtol, atol
             )
-        _compare_modules(report, serial_order, serial_outputs, recorder, rtol, atol)
-        _compare_outputs(report, serial_out, dist_out, rtol, atol)
+        # A prediction may hold NaN by design (Boltz's masked confidence values): NaN at
+        # the same place agrees there; a training step's NaN is never "equal".
+        _compare_modules(
+            report, serial_order, serial_outputs, recorder, rtol, atol, equal_nan=predicting
+        )
+        _compare_outputs(report, serial_out, dist_out, rtol, atol, equal_nan=predicting)
         _compare_gradients(report, params, serial_grads, rtol, atol)
     return report
 
@@ -521,6 +534,7 @@ def _compare_modules(
     recorder: _Recorder,
     rtol: float,
     atol: float,
+    equal_nan: bool = False,
 ) -> None:
     for key in serial_order:
         if key not in recorder.outputs:
@@ -534,7 +548,7 @@ def _compare_modules(
         worst, good, comparable = 0.0, True, True
         for e, a in zip(expected, actual):
             full = _full(a)
-            diff = _max_diff(full, e)
+            diff = _max_diff(full, e, equal_nan)
             if diff is None:
                 comparable = False
                 report.not_compared[key] = (
@@ -542,7 +556,7 @@ def _compare_modules(
                 )
                 break
             worst = max(worst, diff)
-            good = good and _within(full, e, rtol, atol)
+            good = good and _within(full, e, rtol, atol, equal_nan)
         if not comparable:
             continue
         report.module_errors[key] = worst
@@ -550,12 +564,14 @@ def _compare_modules(
             report.first_divergent_module = key
 
 
-def _compare_outputs(report, serial_out, dist_out, rtol: float, atol: float) -> None:
+def _compare_outputs(
+    report, serial_out, dist_out, rtol: float, atol: float, equal_nan: bool = False
+) -> None:
     expected, actual = _tensors(serial_out), _tensors(dist_out)
     ok = len(expected) == len(actual) and _plain_leaves(serial_out) == _plain_leaves(dist_out)
     for e, a in zip(expected, actual):
         full = _full(a.detach())
-        ok = ok and full.shape == e.shape and _within(full, e.detach(), rtol, atol)
+        ok = ok and full.shape == e.shape and _within(full, e.detach(), rtol, atol, equal_nan)
     report.outputs_ok = ok
 
 
