@@ -66,6 +66,9 @@ STRUCTURE_CHECK_FEATURES = (
     "rdkit_lower_bounds",
     "rdkit_upper_bounds",
 )
+#: ``DiffusionConditioning.forward``'s outputs, in order: the sampler's
+#: ``diffusion_conditioning`` keys.
+CONDITIONING_OUTPUTS = ("q", "c", "to_keys", "atom_enc_bias", "atom_dec_bias", "token_trans_bias")
 #: Confidence outputs that ``predict_step`` always returns.
 CONFIDENCE_OUTPUTS = ("plddt", "complex_plddt", "complex_iplddt", "complex_pde", "complex_ipde")
 
@@ -256,22 +259,20 @@ class Boltz2Model(Boltz2Trunk):
         with torch.no_grad():
             trunk = self.run_trunk(feats, int(args["recycling_steps"]))
             s, z, s_inputs = trunk["s"], trunk["z"], trunk["s_inputs"]
-            q, c, to_keys, atom_enc_bias, atom_dec_bias, token_trans_bias = (
-                self.diffusion_conditioning(
-                    s_trunk=s,
-                    z_trunk=z,
-                    relative_position_encoding=trunk["relative_position_encoding"],
-                    feats=feats,
+            # the conditioning is read by the sampler only, the relative positions by the
+            # conditioning only: neither stays alive into the confidence module
+            conditioning = dict(
+                zip(
+                    CONDITIONING_OUTPUTS,
+                    self.diffusion_conditioning(
+                        s_trunk=s,
+                        z_trunk=z,
+                        relative_position_encoding=trunk.pop("relative_position_encoding"),
+                        feats=feats,
+                    ),
+                    strict=True,
                 )
             )
-            conditioning = {
-                "q": q,
-                "c": c,
-                "to_keys": to_keys,
-                "atom_enc_bias": atom_enc_bias,
-                "atom_dec_bias": atom_dec_bias,
-                "token_trans_bias": token_trans_bias,
-            }
             with torch.autocast(s.device.type, enabled=False):
                 sampled = self.structure_module.sample(
                     s_trunk=s.float(),
@@ -285,6 +286,7 @@ class Boltz2Model(Boltz2Trunk):
                     diffusion_conditioning=conditioning,
                 )
             coords = sampled["sample_atom_coords"]
+            del conditioning, sampled
             out: dict[str, Any] = {
                 "exception": False,
                 "masks": feats["atom_pad_mask"],
