@@ -15,8 +15,11 @@ Measured per launch and ``N`` (the largest over the ranks): *held*, the tensor b
 rank keeps before the prediction (its shard of the sample and the parameters); *step
 peak*, the peak of tensor bytes allocated during ``predict_step`` above that
 (:class:`benchmarks.common.PeakMemory`); *peak* = held + step peak, and **peak: this /
-1x1**, divided by the 1x1 row's of the same ``N`` and sizes. Targets at the largest ``N``:
-<= 0.30 on 2x2 and <= 0.15 on 3x3. The prediction's wall time is reported beside it.
+1x1**, divided by the 1x1 row's of the same ``N`` and sizes; and the step peak of each
+phase (*trunk*, *conditioning* (``diffusion_conditioning``), *sampling* (the sampler and
+the structure checks), *confidence*), each the largest bytes alive in that phase.
+Targets at the largest ``N``: <= 0.30 on 2x2 and <= 0.15 on 3x3. The prediction's wall
+time is reported beside it.
 
 Each launch merges its rows into ``results/summary.json`` (section ``predict``, key mesh,
 sizes and N) and rewrites ``results/predict.md`` from every row there.
@@ -29,7 +32,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -53,10 +56,13 @@ COLUMNS = (
     ("step_peak_MiB", "step peak MiB"),
     ("peak_MiB", "peak MiB / rank"),
     ("ratio", "peak: this / 1x1"),
+    ("phases_MiB", "step peak MiB by phase: trunk / conditioning / sampling / confidence"),
     ("time_s", "seconds"),
 )
 KEY = ("mesh", "config", "N")
 TARGETS = {"2x2": 0.30, "3x3": 0.15}
+#: Segments of one ``predict_step`` (:func:`phase_marks`), in order.
+PHASES = ("trunk", "conditioning", "sampling", "confidence")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,23 +93,46 @@ def run_prediction(mesh, n: int, *, token_z: int, msa_rows: int, steps: int, see
     held = common.tensor_bytes(list(feats.values())) + common.tensor_bytes(model.parameters())
     torch.manual_seed(seed + 1)
     start = time.perf_counter()
-    with common.PeakMemory(mesh.device) as peak:
+    with common.PeakMemory(mesh.device, first=PHASES[0]) as peak, phase_marks(model, peak):
         model.predict_step(feats)
     seconds = time.perf_counter() - start
-    per_rank = common.gather_rows((held, peak.peak, seconds))
-    held_max = max(h for h, _, _ in per_rank)
-    peak_max = max(h + p for h, p, _ in per_rank)
+    phases = [peak.segments.get(name, 0) for name in PHASES]
+    per_rank = common.gather_rows((held, peak.peak, seconds, phases))
+    held_max = max(h for h, _, _, _ in per_rank)
+    peak_max = max(h + p for h, p, _, _ in per_rank)
     mib = 2**20
+    phase_max = [max(r[3][k] for r in per_rank) / mib for k in range(len(PHASES))]
     return {
         "mesh": f"{mesh.cp[0]}x{mesh.cp[1]}",
         "config": f"token_z={token_z} msa={msa_rows} steps={steps}",
         "N": n,
         "A": int(feats["atom_pad_mask"].shape[1]),
         "held_MiB": held_max / mib,
-        "step_peak_MiB": max(p for _, p, _ in per_rank) / mib,
+        "step_peak_MiB": max(p for _, p, _, _ in per_rank) / mib,
         "peak_MiB": peak_max / mib,
-        "time_s": max(s for _, _, s in per_rank),
+        "phases_MiB": " / ".join(f"{value:.1f}" for value in phase_max),
+        "time_s": max(s for _, _, s, _ in per_rank),
     }
+
+
+@contextlib.contextmanager
+def phase_marks(model: torch.nn.Module, peak: common.PeakMemory) -> Iterator[None]:
+    """Mark ``peak``'s segments at the phases of ``model.predict_step`` (module hooks)."""
+    hooks = [
+        model.diffusion_conditioning.register_forward_pre_hook(
+            lambda *_: peak.mark("conditioning")
+        ),
+        model.diffusion_conditioning.register_forward_hook(lambda *_: peak.mark("sampling")),
+    ]
+    if hasattr(model, "confidence_module"):
+        hooks.append(
+            model.confidence_module.register_forward_pre_hook(lambda *_: peak.mark("confidence"))
+        )
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
@@ -179,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COLUMNS", "run_prediction", "with_ratios", "write_results"]
+__all__ = ["COLUMNS", "PHASES", "phase_marks", "run_prediction", "with_ratios", "write_results"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

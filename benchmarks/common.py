@@ -17,6 +17,8 @@ Peak memory (:class:`PeakMemory`)
     storage allocated during the block and still or transiently alive, including the
     tensors that object collectives (``all_gather_object``) pickle into; neither counts
     Python objects, interpreter or library memory (that is the fixed overhead).
+    ``PeakMemory.mark(name)`` cuts the block into segments with a peak each (on CPU a
+    profiler annotation at the cut, on CUDA a read and reset of the allocator's peak).
 
 Resident memory (:class:`PeakRss`, CPU only, secondary)
     The Linux peak-RSS counter (``VmHWM``) is reset through ``/proc/self/clear_refs``
@@ -143,20 +145,39 @@ def _quiet_stderr() -> Iterator[None]:
 class PeakMemory:
     """Peak bytes of tensors allocated inside a ``with`` block on this rank (see module doc).
 
+    :meth:`mark` cuts the block into named segments, each with its own peak: the largest
+    bytes alive (allocated since the block began) at any moment between its mark and the
+    next.
+
+    Parameters
+    ----------
+    device : torch.device
+        Where the block computes.
+    first : str, default "block"
+        Name of the segment before the first :meth:`mark`.
+
     Attributes
     ----------
     peak : int
         Bytes, set on exit.
+    segments : dict[str, int]
+        Peak bytes of each segment, in order, set on exit (a name marked twice keeps the
+        larger).
     source : str
         ``"cuda allocator"`` or ``"cpu allocator (profiler)"``.
     """
 
-    def __init__(self, device: torch.device):
+    _MARK = "peak-memory-segment:"
+
+    def __init__(self, device: torch.device, first: str = "block"):
         self.device = device
         self.peak = 0
+        self.segments: dict[str, int] = {}
         self.source = "cuda allocator" if device.type == "cuda" else "cpu allocator (profiler)"
         self._profiler: torch.profiler.profile | None = None
         self._start = 0
+        self._first = first
+        self._segment = first
 
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
@@ -171,23 +192,45 @@ class PeakMemory:
                 self._profiler.__enter__()
         return self
 
+    def mark(self, name: str) -> None:
+        """End the current segment and start one called ``name``."""
+        if self.device.type == "cuda":
+            self._close_cuda_segment()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            with torch.profiler.record_function(self._MARK + name):
+                pass
+        self._segment = name
+
+    def _close_cuda_segment(self) -> None:
+        synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - self._start
+        self.segments[self._segment] = max(self.segments.get(self._segment, 0), peak)
+
     def __exit__(self, *exc: object) -> None:
         if self.device.type == "cuda":
-            synchronize(self.device)
-            self.peak = torch.cuda.max_memory_allocated(self.device) - self._start
+            self._close_cuda_segment()
+            self.peak = max(self.segments.values())
             return
         assert self._profiler is not None
         with _quiet_stderr():
             self._profiler.__exit__(*exc)
-        events = [
-            (e.start_ns(), e.nbytes())
-            for e in self._profiler.profiler.kineto_results.events()
-            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
-        ]
+        events = []  # (time, kind, bytes, name of the segment a mark starts, else None)
+        for e in self._profiler.profiler.kineto_results.events():
+            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU:
+                events.append((e.start_ns(), 1, e.nbytes(), None))
+            elif e.name().startswith(self._MARK):
+                events.append((e.start_ns(), 0, 0, e.name()[len(self._MARK) :]))
+        segment = self._first
         live = peak = 0
-        for _, nbytes in sorted(events):
+        self.segments = {segment: 0}
+        for _, _, nbytes, name in sorted(events):
+            if name is not None:
+                segment = name
+                self.segments.setdefault(segment, live)
             live += nbytes
             peak = max(peak, live)
+            self.segments[segment] = max(self.segments[segment], live)
         self.peak = peak
         # the recorded events hold every allocation of the block: let them go now, or
         # several profiled steps per rank add up to gigabytes of host memory per process
