@@ -335,6 +335,13 @@ class Checker:
                 targets |= set(match.group(1).split())
         return targets
 
+    def make_defaults(self) -> set[str]:
+        """Variables the Makefile gives a default (``NAME ?= value``)."""
+        if not self.makefile.is_file():
+            return set()
+        text = self.makefile.read_text()
+        return set(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*)\s*\?=", text, flags=re.MULTILINE))
+
     def check_make(self, args: Sequence[str]) -> list[str]:
         if any(a.startswith("-") for a in args):
             return [f"make {list(args)}: flags are not checked"]
@@ -344,8 +351,10 @@ class Checker:
             return [f"make: no target {t!r} in the Makefile" for t in missing]
         if not shutil.which("make"):
             return []  # the targets exist; what they run is checked where make is installed
-        # Not the variables of a make this test may run under (`make test ARGS=...`).
-        env = {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
+        # Not the variables of a make this test may run under (`make test ARGS=...` puts
+        # ARGS in the environment, where the Makefile's `ARGS ?=` would take it).
+        dropped = MAKE_VARIABLES | self.make_defaults()
+        env = {k: v for k, v in os.environ.items() if k not in dropped}
         done = subprocess.run(
             ["make", "-s", "-n", *args],
             cwd=self.root, env=env, capture_output=True, text=True, timeout=60,
