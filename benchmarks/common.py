@@ -13,7 +13,9 @@ Peak memory (:class:`PeakMemory`)
     ``torch.cuda.memory_allocated()`` at its start. On CPU there is no allocator counter,
     so the block runs under ``torch.profiler`` with ``profile_memory=True``: every
     allocation and free of a tensor on the CPU allocator in this thread is recorded with
-    its size, and the peak is the largest running sum of those events. Both count tensor
+    its size and address, and the peak is the largest running sum of those events. A
+    buffer freed in another thread (a gloo collective's) has no free event; when its
+    address is handed out again it counts as freed from then on. Both count tensor
     storage allocated during the block and still or transiently alive, including the
     tensors that object collectives (``all_gather_object``) pickle into; neither counts
     Python objects, interpreter or library memory (that is the fixed overhead).
@@ -142,6 +144,38 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def _memory_events(
+    profiler: torch.profiler.profile, mark_prefix: str
+) -> list[tuple[int, int, str | None]]:
+    """The CPU allocator's events and the segment marks of a profiled block, in time order.
+
+    Each is ``(time ns, bytes, mark name or None)``: an allocation (bytes > 0), a free
+    (bytes < 0), or a mark. The profiler records the allocator's events of its own thread
+    only: a buffer freed in a collective backend's thread leaves no free event, and its
+    address comes back in a later allocation. A block handed out again at an address
+    still counted live was freed before, so its bytes are taken off at that allocation;
+    without that, every buffer freed out of sight would stay in the running sum to the
+    end of the block.
+    """
+    from physicsnemo_foldcp.core import compat
+
+    marks = [
+        (e.start_ns(), 0, e.name()[len(mark_prefix) :])
+        for e in profiler.profiler.kineto_results.events()
+        if e.name().startswith(mark_prefix)
+    ]
+    events, live = [], {}
+    for time_ns, size, ptr in compat.profiled_cpu_allocations(profiler):
+        if size > 0:
+            if ptr in live:  # freed out of the profiler's sight
+                events.append((time_ns, -live[ptr], None))
+            live[ptr] = size
+        else:
+            live.pop(ptr, None)
+        events.append((time_ns, size, None))
+    return sorted(events + marks, key=lambda e: e[0])
+
+
 class PeakMemory:
     """Peak bytes of tensors allocated inside a ``with`` block on this rank (see module doc).
 
@@ -215,19 +249,14 @@ class PeakMemory:
         assert self._profiler is not None
         with _quiet_stderr():
             self._profiler.__exit__(*exc)
-        events = []  # (time, kind, bytes, name of the segment a mark starts, else None)
-        for e in self._profiler.profiler.kineto_results.events():
-            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU:
-                events.append((e.start_ns(), 1, e.nbytes(), None))
-            elif e.name().startswith(self._MARK):
-                events.append((e.start_ns(), 0, 0, e.name()[len(self._MARK) :]))
         segment = self._first
         live = peak = 0
         self.segments = {segment: 0}
-        for _, _, nbytes, name in sorted(events):
+        for _, nbytes, name in _memory_events(self._profiler, self._MARK):
             if name is not None:
                 segment = name
                 self.segments.setdefault(segment, live)
+                continue
             live += nbytes
             peak = max(peak, live)
             self.segments[segment] = max(self.segments[segment], live)

@@ -340,12 +340,38 @@ __all__ = [
     "local_tensor",
     "observed_upstream_fallbacks",
     "plain_function_call",
+    "profiled_cpu_allocations",
     "reduce_scatter",
     "registered_function_handler",
     "replace_reader_file_system",
     "sharding_shapes",
     "torch_function_fallback",
 ]
+
+
+# -- torch.profiler -------------------------------------------------------------------------
+
+
+def profiled_cpu_allocations(profiler: torch.profiler.profile) -> list[tuple[int, int, int]]:
+    """``(time ns, bytes, address)`` of every CPU allocator event a finished profile holds.
+
+    Upstream: ``profiler.profiler.kineto_results.experimental_event_tree()`` and the
+    ``torch._C._profiler._EventType.Allocation`` nodes in it, whose ``extra_fields`` carry
+    ``ptr``, ``alloc_size`` (negative for a free) and ``device``. Relied on: with
+    ``profile_memory=True`` every allocation and free of the profiled thread is a node,
+    with the address of the block. The public events (``kineto_results.events()``)
+    have the sizes but not the addresses.
+    """
+    allocation = torch._C._profiler._EventType.Allocation
+    found: list[tuple[int, int, int]] = []
+    nodes = list(profiler.profiler.kineto_results.experimental_event_tree())
+    while nodes:
+        node = nodes.pop()
+        fields = node.extra_fields
+        if node.tag == allocation and fields.device.type == "cpu":
+            found.append((int(node.start_time_ns), int(fields.alloc_size), int(fields.ptr)))
+        nodes.extend(node.children)
+    return sorted(found)
 
 
 # -- PyTorch Lightning -----------------------------------------------------------------------

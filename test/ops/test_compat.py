@@ -310,3 +310,21 @@ def test_lightning_forward_redirection_runs_the_method_inside_the_wrappers_forwa
     assert redirect(module, module, "training_step", 21) == 42
     assert calls == [("hook",), ("step", 21)]
     assert module.forward.__func__ is pl.LightningModule.forward
+
+
+def test_profiled_cpu_allocations_pair_each_block_with_its_address():
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    )
+    with prof:
+        a = torch.empty(1000, 250)  # 1,000,000 bytes
+        b = torch.empty(500, 250)  # 500,000 bytes
+        address_a, address_b = a.data_ptr(), b.data_ptr()
+        del a
+    events = compat.profiled_cpu_allocations(prof)
+    assert events == sorted(events)
+    by_address = {}
+    for _, size, address in events:
+        by_address.setdefault(address, []).append(size)
+    assert by_address[address_a] == [1_000_000, -1_000_000]
+    assert by_address[address_b] == [500_000]
