@@ -144,36 +144,54 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _memory_events(
-    profiler: torch.profiler.profile, mark_prefix: str
-) -> list[tuple[int, int, str | None]]:
-    """The CPU allocator's events and the segment marks of a profiled block, in time order.
+def segment_peaks(
+    allocations: Sequence[tuple[int, int, int]],
+    marks: Sequence[tuple[int, str]],
+    first: str,
+) -> tuple[int, dict[str, int]]:
+    """Peak of the running sum of allocator events, overall and per segment.
 
-    Each is ``(time ns, bytes, mark name or None)``: an allocation (bytes > 0), a free
-    (bytes < 0), or a mark. The profiler records the allocator's events of its own thread
-    only: a buffer freed in a collective backend's thread leaves no free event, and its
-    address comes back in a later allocation. A block handed out again at an address
-    still counted live was freed before, so its bytes are taken off at that allocation;
-    without that, every buffer freed out of sight would stay in the running sum to the
-    end of the block.
+    Parameters
+    ----------
+    allocations : Sequence[tuple[int, int, int]]
+        ``(time ns, bytes, address)``: an allocation (bytes > 0) or a free (bytes < 0).
+        A profiler sees the allocator's events of its own thread only: a buffer freed in
+        another thread (a gloo collective's) has no free event, and its address comes
+        back in a later allocation. A block handed out at an address still counted live
+        was freed before, so its bytes are taken off at that allocation.
+    marks : Sequence[tuple[int, str]]
+        ``(time ns, name)``: from that time on, events belong to segment ``name``.
+    first : str
+        Name of the segment before the first mark.
+
+    Returns
+    -------
+    peak : int
+        The largest running sum.
+    segments : dict[str, int]
+        The largest running sum within each segment (a name marked twice keeps the
+        larger), in order of first appearance.
     """
-    from physicsnemo_foldcp.core import compat
-
-    marks = [
-        (e.start_ns(), 0, e.name()[len(mark_prefix) :])
-        for e in profiler.profiler.kineto_results.events()
-        if e.name().startswith(mark_prefix)
-    ]
-    events, live = [], {}
-    for time_ns, size, ptr in compat.profiled_cpu_allocations(profiler):
+    timeline = [(t, 1, size, address, "") for t, size, address in allocations]
+    timeline += [(t, 0, 0, 0, name) for t, name in marks]
+    live_blocks: dict[int, int] = {}
+    segment, live, peak = first, 0, 0
+    segments = {segment: 0}
+    # at one time: marks, then frees, then allocations
+    for _, kind, size, address, name in sorted(timeline, key=lambda e: (e[0], e[1], e[2])):
+        if kind == 0:
+            segment = name
+            segments.setdefault(segment, live)
+            continue
         if size > 0:
-            if ptr in live:  # freed out of the profiler's sight
-                events.append((time_ns, -live[ptr], None))
-            live[ptr] = size
+            live -= live_blocks.get(address, 0)  # freed out of the profiler's sight
+            live_blocks[address] = size
         else:
-            live.pop(ptr, None)
-        events.append((time_ns, size, None))
-    return sorted(events + marks, key=lambda e: e[0])
+            live_blocks.pop(address, None)
+        live += size
+        peak = max(peak, live)
+        segments[segment] = max(segments[segment], live)
+    return peak, segments
 
 
 class PeakMemory:
@@ -249,18 +267,15 @@ class PeakMemory:
         assert self._profiler is not None
         with _quiet_stderr():
             self._profiler.__exit__(*exc)
-        segment = self._first
-        live = peak = 0
-        self.segments = {segment: 0}
-        for _, nbytes, name in _memory_events(self._profiler, self._MARK):
-            if name is not None:
-                segment = name
-                self.segments.setdefault(segment, live)
-                continue
-            live += nbytes
-            peak = max(peak, live)
-            self.segments[segment] = max(self.segments[segment], live)
-        self.peak = peak
+        from physicsnemo_foldcp.core import compat
+
+        marks = [
+            (e.start_ns(), e.name()[len(self._MARK) :])
+            for e in self._profiler.profiler.kineto_results.events()
+            if e.name().startswith(self._MARK)
+        ]
+        allocations = compat.profiled_cpu_allocations(self._profiler)
+        self.peak, self.segments = segment_peaks(allocations, marks, self._first)
         # the recorded events hold every allocation of the block: let them go now, or
         # several profiled steps per rank add up to gigabytes of host memory per process
         self._profiler = None
