@@ -44,6 +44,11 @@ Measured per launch and ``N`` (every figure the same on every rank):
   ranks of the forward and of the backward, each between a barrier and a device
   synchronisation (:func:`benchmarks.common.time_collective`), divided by the number of
   layers (after the counting step and the memory step, both untimed);
+* **time per layer per op**: one more step with the labels of the byte count switching
+  on the same hooks (:class:`OpScopes`); the wall time between two switches goes to the
+  label that was on (on CUDA the device is synchronised at each switch), so waits for
+  peers count where they happen. Per op: milliseconds of the slowest rank, averaged over
+  the layers; the hooks themselves add a little time;
 * **memory per rank**: *held* is the tensor bytes a rank keeps before the step (its blocks
   of ``s``, ``z`` and the masks, and the parameters; no gradients: they are set to
   ``None`` first; CUDA: ``torch.cuda.memory_allocated``), *step peak* the peak of tensor
@@ -71,6 +76,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,7 +225,9 @@ class OpScopes:
     """Which Pairformer layer and op is running, in the forward and in the backward.
 
     Forward: pre- and post-hooks on every ``PairformerLayer`` and its children set
-    :attr:`current`. Backward, following the autograd engine's order: a module's backward
+    :attr:`current`, and the wall time between two changes goes to the scope that was on
+    (:attr:`seconds`; with ``device`` a CUDA device, it is synchronised first). Backward,
+    following the autograd engine's order: a module's backward
     starts when the node that made its output runs (a pre-hook on that node, registered in
     the forward post-hook, sets the module's label) and ends when the gradient of its input
     is complete (a hook on the input tensor, registered in the forward pre-hook, sets the
@@ -231,12 +239,36 @@ class OpScopes:
     ----------
     module : nn.Module
         A ``PairformerModule`` (its ``layers``).
+    device : torch.device, optional
+        The device the module computes on.
     """
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, device: torch.device | None = None):
         self.module = module
-        self.current: Scope = (None, OUTSIDE)
+        self.device = device
+        self.seconds: dict[Scope, float] = {}
+        self._scope: Scope = (None, OUTSIDE)
+        self._since = time.perf_counter()
         self._handles: list[Any] = []
+
+    @property
+    def current(self) -> Scope:
+        """The running scope; setting it ends the time of the one before."""
+        return self._scope
+
+    @current.setter
+    def current(self, scope: Scope) -> None:
+        if self.device is not None:
+            common.synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[self._scope] = self.seconds.get(self._scope, 0.0) + now - self._since
+        self._scope, self._since = scope, now
+
+    def take_seconds(self) -> dict[Scope, float]:
+        """Seconds spent in each scope since the last call (the running one's so far)."""
+        self.current = self._scope
+        taken, self.seconds = self.seconds, {}
+        return taken
 
     def _set(self, scope: Scope) -> Callable[..., None]:
         def hook(*_: Any) -> None:
@@ -427,8 +459,10 @@ def run_pairformer_benchmark(
         :data:`CATEGORIES` (per layer), ``fwd_KiB_layer`` / ``bwd_KiB_layer`` (their sums),
         ``fwd_KiB_outside`` / ``bwd_KiB_outside``, ``bytes_by_layer``; ``fallbacks`` (the
         reported gathers) and ``fallback_gathers`` (their count); ``fwd_ms_layer`` /
-        ``bwd_ms_layer`` (median) and the timed runs; ``held_MiB`` / ``step_peak_MiB`` /
-        ``peak_MiB`` (max over ranks), ``peak_MiB_mean``; ``ranks`` (per-rank figures).
+        ``bwd_ms_layer`` (median) and the timed runs; ``fwd_ms_<op>`` / ``bwd_ms_<op>``
+        (the breakdown step, slowest rank, per layer; ``_outside`` per step);
+        ``held_MiB`` / ``step_peak_MiB`` / ``peak_MiB`` (max over ranks),
+        ``peak_MiB_mean``; ``ranks`` (per-rank figures).
     """
     fc_boltz.install()
     sizes = sizes or PairformerSizes()
@@ -522,6 +556,21 @@ def run_pairformer_benchmark(
         bwd_times.append(common.time_collective(loss.backward, mesh.device).wall)
         del loss, timed
 
+    # Breakdown step: the same hooks, now as a clock per scope.
+    fresh()
+    timer = OpScopes(module, mesh.device)
+    with timer.attached():
+        common.synchronize(mesh.device)
+        torch.distributed.barrier()
+        timer.take_seconds()
+        loss = forward()
+        timer.current = (None, OUTSIDE)
+        fwd_seconds = timer.take_seconds()
+        loss.backward()
+        timer.current = (None, OUTSIDE)
+        bwd_seconds = timer.take_seconds()
+    del loss
+
     mine = {
         "rank": mesh.rank,
         "coord": mesh.domain_coordinate,
@@ -530,6 +579,8 @@ def run_pairformer_benchmark(
         "peak": held + step_peak if memory else None,
         "fwd": fwd.by_scope(),
         "bwd": bwd.by_scope(),
+        "fwd_s": _by_category(fwd_seconds),
+        "bwd_s": _by_category(bwd_seconds),
         "fwd_total": fwd.total_bytes(),
         "bwd_total": bwd.total_bytes(),
         "fallbacks": found,
@@ -592,7 +643,19 @@ def run_pairformer_benchmark(
         row[f"{ph}_KiB_outside"] = outside
         row[f"{ph}_KiB_total"] = max(r[f"{ph}_total"] for r in ranks) / 1024
     row["bytes_by_layer"] = by_layer
+    for ph in ("fwd", "bwd"):
+        for c in (*CATEGORIES, OUTSIDE):
+            per_step = max(r[f"{ph}_s"].get(c, 0.0) for r in ranks)
+            row[f"{ph}_ms_{c}"] = 1e3 * per_step / (1 if c == OUTSIDE else blocks)
     return row
+
+
+def _by_category(seconds: Mapping[Scope, float]) -> dict[str, float]:
+    """Seconds per category, summed over the layers (``OUTSIDE``: outside every layer)."""
+    out: dict[str, float] = {}
+    for (_, category), value in seconds.items():
+        out[category] = out.get(category, 0.0) + value
+    return out
 
 
 # -- the shared tables --------------------------------------------------------------------------
@@ -637,6 +700,7 @@ _STORED = (
         "bytes_by_layer",
     ]
     + [f"{ph}_KiB_{c}" for ph in ("fwd", "bwd") for c in (*CATEGORIES, "outside", "total")]
+    + [f"{ph}_ms_{c}" for ph in ("fwd", "bwd") for c in (*CATEGORIES, OUTSIDE)]
 )
 
 
@@ -678,15 +742,19 @@ def evaluate_targets(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def op_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (mesh, N, phase): KiB moved per layer by op."""
+def op_rows(rows: Sequence[Mapping[str, Any]], unit: str = "KiB") -> list[dict[str, Any]]:
+    """One row per (mesh, N, phase): KiB moved (``unit="KiB"``) or ms (``"ms"``) per layer
+    by op; rows without the figures are left out."""
     out = []
     for r in rows:
         for ph, name in (("fwd", "forward"), ("bwd", "backward")):
+            if r.get(f"{ph}_{unit}_{CATEGORIES[0]}") is None:
+                continue
             item = {"mesh": r["mesh"], "N": r["N"], "phase": name}
             for c in (*CATEGORIES, "outside"):
-                item[c] = r.get(f"{ph}_KiB_{c}")
-            item["layer"] = r.get(f"{ph}_KiB_layer")
+                item[c] = r.get(f"{ph}_{unit}_{c}")
+            layer = r.get(f"{ph}_KiB_layer") if unit == "KiB" else None
+            item["layer"] = layer if layer is not None else sum(item[c] for c in CATEGORIES)
             out.append(item)
     return out
 
@@ -811,6 +879,10 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
             (
                 "KiB moved per layer by op (largest rank, mean over layers)",
                 common.markdown_table(OP_COLUMNS, op_rows(merged)),
+            ),
+            (
+                "ms per layer by op (slowest rank, mean over layers; one step with hooks)",
+                common.markdown_table(OP_COLUMNS, op_rows(merged, "ms")),
             ),
             ("Gathers the plugin reported (fallback)", fallbacks),
             ("Every timed run (ms for all layers, max over ranks)", timings),

@@ -121,6 +121,17 @@ def test_pairformer_benchmark_measures_and_matches_the_serial_loss(fold_mesh, tm
                 problems.append(f"rank {r['rank']} {ph}: scopes {r[ph]} != {r[f'{ph}_total']}")
         if not (r["held"] > 0 and r["step_peak"] > 0 and r["peak"] == r["held"] + r["step_peak"]):
             problems.append(f"rank {r['rank']} memory: {r['held']}, {r['step_peak']}")
+    # The time breakdown: every op of a layer takes time, forward and backward, and no
+    # op's time is counted outside the layers.
+    for ph in ("fwd", "bwd"):
+        for op in ("tri_mul_out", "tri_mul_in", "tri_att_start", "tri_att_end", "attention",
+                   "transitions"):  # fmt: skip
+            if not row[f"{ph}_ms_{op}"] > 0:
+                problems.append(f"{ph}_ms_{op} = {row[f'{ph}_ms_{op}']}")
+        in_layers = sum(r[f"{ph}_s"].get(op, 0.0) for r in row["ranks"][:1] for op in r[f"{ph}_s"]
+                        if op != "outside")  # fmt: skip
+        if not in_layers > row["ranks"][0][f"{ph}_s"].get("outside", 0.0):
+            problems.append(f"{ph}: most of the step is outside the layers: {row['ranks'][0]}")
     if not (len(row["fwd_times"]) == 1 and len(row["bwd_times"]) == 1):
         problems.append(f"times {row['fwd_times']} {row['bwd_times']}")
     if fold_mesh.rank == 0:
@@ -134,6 +145,8 @@ def test_pairformer_benchmark_measures_and_matches_the_serial_loss(fold_mesh, tm
             problems.append("the ratio to 1x1 or the target is missing")
         if "| 2x2 | 19 | backward |" not in text:
             problems.append("the bytes-per-op table misses a row")
+        if "ms per layer by op" not in text or text.count("| 2x2 | 19 | backward |") != 2:
+            problems.append("the time-per-op table misses a row")
         if png.read_bytes()[:4] != b"\x89PNG":
             problems.append("the PNG is missing")
     collective_assert(not problems, "; ".join(problems))
