@@ -44,6 +44,17 @@ Measured per launch and ``N`` (every figure the same on every rank):
   ranks of the forward and of the backward, each between a barrier and a device
   synchronisation (:func:`benchmarks.common.time_collective`), divided by the number of
   layers (after the counting step and the memory step, both untimed);
+* **step time against serial Boltz**: on the domain source rank, before the distributed
+  steps (the other ranks wait), the serial module on the whole plain tensors: one warm-up
+  step, then ``--repeats`` forward + backward steps (:func:`serial_step_times`);
+  **step: this / serial Boltz** is the median fwd + bwd time per layer of this mesh over
+  the serial module's, both from this launch; on CPU the serial module gets every core
+  the process may use (torchrun gives each of several ranks one thread: together they
+  use the machine, and so does the serial run). Targets (N = 256, the issue's):
+  <= 1.1 on 1x1, <= 1.0 on 2x2 (``--no-serial-time`` skips it);
+* **work budget and pieces**: ``--work-budget`` MiB per kernel piece and rank
+  (:mod:`physicsnemo_foldcp.kernels.budget`, default the package's), and the key
+  sub-chunks and panels the kernels chose in the timed steps, every rank's;
 * **time per layer per op**: one more step with the labels of the byte count switching
   on the same hooks (:class:`OpScopes`); the wall time between two switches goes to the
   label that was on (on CUDA the device is synchronised at each switch), so waits for
@@ -100,6 +111,7 @@ import physicsnemo_foldcp.boltz as fc_boltz
 from physicsnemo_foldcp.core import compat, events
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.spec import FeatureSpec
+from physicsnemo_foldcp.kernels.budget import recorded_pieces, set_work_budget, work_budget_mib
 from physicsnemo_foldcp.ops import masked_mean, wrap
 from physicsnemo_foldcp.testing.layouts import TokenLayout
 from physicsnemo_foldcp.training.loop import loss_value, set_precision
@@ -134,6 +146,9 @@ OUTSIDE = "outside"
 
 TARGETS = {"2x2": 0.30, "3x3": 0.15}
 """Largest ``peak: this / 1x1`` at the largest N, per mesh (the issue's targets)."""
+
+TIME_TARGETS = {"1x1": 1.1, "2x2": 1.0}
+"""Largest ``step: this / serial Boltz`` (fwd + bwd, medians, one launch) per mesh."""
 
 PAIR = ("tokens", "tokens", None)
 
@@ -205,6 +220,80 @@ def pair_loss(
 ) -> torch.Tensor:
     """Masked mean squares of the outputs: the scalar that the backward starts from."""
     return masked_mean(z.pow(2).mean(-1), pair_mask) + masked_mean(s.pow(2).mean(-1), mask)
+
+
+def serial_step_times(
+    module: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    dropout_seed: int,
+    device: torch.device,
+    repeats: int,
+) -> tuple[list[float], list[float], dict[str, dict[str, float]]]:
+    """Seconds of the serial module's forward and backward on the whole inputs, per step.
+
+    Boltz's own module on plain tensors (no plugin tensor, so none of the plugin's
+    handlers), the same loss and dropout draws as the distributed steps; one untimed
+    warm-up step, then ``repeats`` steps, each phase between two device synchronisations.
+    On CPU the serial module runs with :func:`serial_threads` (the whole machine, as the
+    launch's ranks together have it). One more step runs with :class:`OpScopes` as a
+    clock: the third result is ``{"fwd": {op: seconds}, "bwd": {...}}``, summed over the
+    layers, as the distributed breakdown step gives it.
+    """
+    whole = [t.to(device) for t in inputs]
+    fwd, bwd = [], []
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(serial_threads())
+    try:
+        _serial_step(module, whole, dropout_seed, device)  # warm-up
+        for _ in range(repeats):
+            forward, backward, _ = _serial_step(module, whole, dropout_seed, device)
+            fwd.append(forward)
+            bwd.append(backward)
+        timer = OpScopes(module, device)
+        with timer.attached():
+            timer.take_seconds()
+            *_, by_op = _serial_step(module, whole, dropout_seed, device, timer)
+    finally:
+        torch.set_num_threads(threads)
+    module.zero_grad(set_to_none=True)
+    return fwd, bwd, by_op
+
+
+def serial_threads() -> int:
+    """Intra-op threads of the serial CPU run: the cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _serial_step(
+    module: nn.Module,
+    inputs: Sequence[torch.Tensor],
+    dropout_seed: int,
+    device: torch.device,
+    timer: OpScopes | None = None,
+) -> tuple[float, float, dict[str, dict[str, float]]]:
+    """Seconds of one serial forward and of its backward, and by op (with ``timer``, its
+    hooks attached: ``{"fwd": {op: seconds}, "bwd": {...}}``; empty without)."""
+    s, z, mask, pair_mask = inputs
+    module.zero_grad(set_to_none=True)
+    s_leaf, z_leaf = s.clone().requires_grad_(True), z.clone().requires_grad_(True)
+    by_op: dict[str, dict[str, float]] = {}
+    common.synchronize(device)
+    start = time.perf_counter()
+    torch.manual_seed(dropout_seed)
+    s_out, z_out = module(s_leaf, z_leaf, mask, pair_mask)
+    loss = pair_loss(s_out, z_out, mask, pair_mask)
+    if timer is not None:
+        timer.current = (None, OUTSIDE)
+        by_op["fwd"] = _by_category(timer.take_seconds())
+    common.synchronize(device)
+    middle = time.perf_counter()
+    loss.backward()
+    common.synchronize(device)
+    if timer is not None:
+        timer.current = (None, OUTSIDE)
+        by_op["bwd"] = _by_category(timer.take_seconds())
+    return middle - start, time.perf_counter() - middle, by_op
 
 
 def serial_loss(
@@ -424,6 +513,7 @@ def run_pairformer_benchmark(
     seed: int = 0,
     padded: int = 3,
     serial_check: bool = True,
+    serial_time: bool = True,
     memory: bool = True,
     init_noise: float = 0.1,
 ) -> dict[str, Any]:
@@ -445,6 +535,9 @@ def run_pairformer_benchmark(
         Masked tokens at the end of the sequence.
     serial_check : bool
         Compute the serial module's loss on the domain source rank.
+    serial_time : bool
+        Time ``repeats`` forward + backward steps of the serial module on the domain source
+        rank (:func:`serial_step_times`) while the other ranks wait, in this launch.
     memory : bool
         Run the memory step (profiled on CPU).
     init_noise : float
@@ -462,7 +555,10 @@ def run_pairformer_benchmark(
         ``bwd_ms_layer`` (median) and the timed runs; ``fwd_ms_<op>`` / ``bwd_ms_<op>``
         (the breakdown step, slowest rank, per layer; ``_outside`` per step);
         ``held_MiB`` / ``step_peak_MiB`` / ``peak_MiB`` (max over ranks),
-        ``peak_MiB_mean``; ``ranks`` (per-rank figures).
+        ``peak_MiB_mean``; ``serial_fwd_ms_layer`` / ``serial_bwd_ms_layer`` /
+        ``serial_step_ms_layer`` (the serial module, medians) and ``step_over_serial``;
+        ``threads`` (torch's intra-op threads per rank), ``work_budget_MiB`` and
+        ``pieces`` (what the kernels chose, every rank's); ``ranks`` (per-rank figures).
     """
     fc_boltz.install()
     sizes = sizes or PairformerSizes()
@@ -472,13 +568,24 @@ def run_pairformer_benchmark(
     module = build_module(sizes, seed, init_noise)
     values = [p.detach().double() for p in module.parameters()]
     weights = float(sum(v.sum() + v.pow(2).sum() for v in values))
-    serial = copy.deepcopy(module) if (serial_check and mesh.is_domain_source) else None
+    wanted = (serial_check or serial_time) and mesh.is_domain_source
+    serial = copy.deepcopy(module) if wanted else None
     module = module.to(mesh.device)
     inputs = pair_inputs(n_tokens, sizes, seed, padded)
     reference = None
+    serial_fwd: list[float] = []
+    serial_bwd: list[float] = []
+    serial_by_op: dict[str, dict[str, float]] = {}
     if serial is not None:
-        reference = serial_loss(serial.to(mesh.device), inputs, dropout_seed, mesh.device)
+        serial = serial.to(mesh.device)
+        if serial_check:
+            reference = serial_loss(serial, inputs, dropout_seed, mesh.device)
+        if serial_time:
+            serial_fwd, serial_bwd, serial_by_op = serial_step_times(
+                serial, inputs, dropout_seed, mesh.device, repeats
+            )
         del serial
+    torch.distributed.barrier()  # the other ranks wait for the serial runs
 
     layout = TokenLayout(mesh, n_tokens)
     s, z, mask, pair_mask = inputs
@@ -548,13 +655,14 @@ def run_pairformer_benchmark(
         step_peak = peak.peak
 
     fwd_times, bwd_times = [], []
-    for _ in range(repeats):
-        fresh()
-        timed = common.time_collective(forward, mesh.device)
-        fwd_times.append(timed.wall)
-        loss = timed.result
-        bwd_times.append(common.time_collective(loss.backward, mesh.device).wall)
-        del loss, timed
+    with recorded_pieces() as pieces:
+        for _ in range(repeats):
+            fresh()
+            timed = common.time_collective(forward, mesh.device)
+            fwd_times.append(timed.wall)
+            loss = timed.result
+            bwd_times.append(common.time_collective(loss.backward, mesh.device).wall)
+            del loss, timed
 
     # Breakdown step: the same hooks, now as a clock per scope.
     fresh()
@@ -585,6 +693,10 @@ def run_pairformer_benchmark(
         "bwd_total": bwd.total_bytes(),
         "fallbacks": found,
         "serial_loss": reference,
+        "serial_fwd": serial_fwd,
+        "serial_bwd": serial_bwd,
+        "serial_by_op": serial_by_op,
+        "pieces": {kernel: sorted(choices) for kernel, choices in pieces.items()},
         "loss": loss_cp,
         "weights": weights,
     }
@@ -634,6 +746,31 @@ def run_pairformer_benchmark(
         "ranks": ranks,
     }
     row["step_ms_layer"] = row["fwd_ms_layer"] + row["bwd_ms_layer"] if fwd_times else None
+    source = next((r for r in ranks if r["serial_fwd"]), None)
+    for ph in ("fwd", "bwd"):
+        times = source[f"serial_{ph}"] if source else []
+        row[f"serial_{ph}_times"] = times
+        row[f"serial_{ph}_ms_layer"] = 1e3 * common.median(times) / blocks if times else None
+        for c in (*CATEGORIES, OUTSIDE):
+            seconds = source["serial_by_op"][ph].get(c, 0.0) if source else None
+            row[f"serial_{ph}_ms_{c}"] = (
+                None if seconds is None else 1e3 * seconds / (1 if c == OUTSIDE else blocks)
+            )
+    serial_step = row["serial_fwd_ms_layer"] + row["serial_bwd_ms_layer"] if source else None
+    row["serial_step_ms_layer"] = serial_step
+    row["step_over_serial"] = (
+        row["step_ms_layer"] / serial_step if serial_step and row["step_ms_layer"] else None
+    )
+    row["threads"] = torch.get_num_threads()
+    row["serial_threads"] = serial_threads() if mesh.device.type == "cpu" else None
+    row["work_budget_MiB"] = work_budget_mib()
+    chosen: dict[str, set[str]] = {}
+    for r in ranks:
+        for kernel, choices in r["pieces"].items():
+            chosen.setdefault(kernel, set()).update(choices)
+    row["pieces"] = "; ".join(
+        f"{kernel}: {', '.join(sorted(choices))}" for kernel, choices in sorted(chosen.items())
+    )
     by_layer = {}
     for ph in ("fwd", "bwd"):
         per_op, outside, by_layer[ph] = _per_layer(ranks, ph, blocks)
@@ -671,6 +808,8 @@ COLUMNS = [
     ("target_met", "met"),
     ("fwd_ms_layer", "fwd ms / layer"),
     ("bwd_ms_layer", "bwd ms / layer"),
+    ("serial_step_ms_layer", "serial Boltz fwd + bwd ms / layer"),
+    ("step_over_serial", "step: this / serial Boltz"),
     ("fwd_KiB_layer", "fwd KiB moved / layer"),
     ("bwd_KiB_layer", "bwd KiB moved / layer"),
     ("fallback_gathers", "fallback gathers"),
@@ -696,11 +835,20 @@ _STORED = (
         "fwd_times",
         "bwd_times",
         "step_ms_layer",
+        "serial_fwd_ms_layer",
+        "serial_bwd_ms_layer",
+        "serial_fwd_times",
+        "serial_bwd_times",
+        "threads",
+        "serial_threads",
+        "work_budget_MiB",
+        "pieces",
         "peak_MiB_mean",
         "bytes_by_layer",
     ]
     + [f"{ph}_KiB_{c}" for ph in ("fwd", "bwd") for c in (*CATEGORIES, "outside", "total")]
     + [f"{ph}_ms_{c}" for ph in ("fwd", "bwd") for c in (*CATEGORIES, OUTSIDE)]
+    + [f"serial_{ph}_ms_{c}" for ph in ("fwd", "bwd") for c in (*CATEGORIES, OUTSIDE)]
 )
 
 
@@ -744,18 +892,22 @@ def evaluate_targets(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def op_rows(rows: Sequence[Mapping[str, Any]], unit: str = "KiB") -> list[dict[str, Any]]:
     """One row per (mesh, N, phase): KiB moved (``unit="KiB"``) or ms (``"ms"``) per layer
-    by op; rows without the figures are left out."""
+    by op, and for ms also the serial module's row of each launch; rows without the
+    figures are left out."""
     out = []
     for r in rows:
-        for ph, name in (("fwd", "forward"), ("bwd", "backward")):
-            if r.get(f"{ph}_{unit}_{CATEGORIES[0]}") is None:
+        for prefix, label in (("", r["mesh"]), ("serial_", f"serial Boltz ({r['mesh']} launch)")):
+            if prefix and unit != "ms":
                 continue
-            item = {"mesh": r["mesh"], "N": r["N"], "phase": name}
-            for c in (*CATEGORIES, "outside"):
-                item[c] = r.get(f"{ph}_{unit}_{c}")
-            layer = r.get(f"{ph}_KiB_layer") if unit == "KiB" else None
-            item["layer"] = layer if layer is not None else sum(item[c] for c in CATEGORIES)
-            out.append(item)
+            for ph, name in (("fwd", "forward"), ("bwd", "backward")):
+                if r.get(f"{prefix}{ph}_{unit}_{CATEGORIES[0]}") is None:
+                    continue
+                item = {"mesh": label, "N": r["N"], "phase": name}
+                for c in (*CATEGORIES, "outside"):
+                    item[c] = r.get(f"{prefix}{ph}_{unit}_{c}")
+                layer = r.get(f"{ph}_KiB_layer") if unit == "KiB" else None
+                item["layer"] = layer if layer is not None else sum(item[c] for c in CATEGORIES)
+                out.append(item)
     return out
 
 
@@ -842,6 +994,21 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
         f"Boltz modules with a distributed forward: "
         + (", ".join(f"`{h}`" for h in handlers) or "none")
     )
+    speed = "\n".join(
+        f"- {r['mesh']} N={r['N']}: step {common.fmt(r.get('step_ms_layer'))} ms / layer "
+        f"({r.get('threads')} thread(s) per process), serial Boltz "
+        f"{common.fmt(r.get('serial_step_ms_layer'))} ms / layer "
+        f"({r.get('serial_threads') or '-'} thread(s)), ratio "
+        f"{common.fmt(r.get('step_over_serial'))}, target <= {TIME_TARGETS[r['mesh']]:.1f}: "
+        + ("met" if (r.get("step_over_serial") or 99) <= TIME_TARGETS[r["mesh"]] else "NOT met")
+        for r in merged
+        if r["mesh"] in TIME_TARGETS and r.get("serial_step_ms_layer")
+    )
+    pieces = "\n".join(
+        f"- {r['mesh']} N={r['N']}: work budget {common.fmt(r.get('work_budget_MiB'))} MiB; "
+        + (r.get("pieces") or "not recorded")
+        for r in merged
+    )
     targets = "\n".join(
         f"- {t['mesh']}: peak per rank / 1x1 <= {t['target']:.2f} at the largest N: "
         + (
@@ -877,6 +1044,11 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
             ("Memory, time and bytes per rank", common.markdown_table(COLUMNS, merged)),
             ("Targets", targets),
             (
+                "Step time against serial Boltz (the serial module timed in the same launch)",
+                speed or "no row with a serial timing",
+            ),
+            ("Work budget and the pieces the kernels chose (every rank's)", pieces),
+            (
                 "KiB moved per layer by op (largest rank, mean over layers)",
                 common.markdown_table(OP_COLUMNS, op_rows(merged)),
             ),
@@ -911,6 +1083,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.1,
         help="noise added to Boltz's initial parameters (0: Boltz's own, zero last projections)",
     )
+    p.add_argument(
+        "--no-serial-time", action="store_true", help="skip timing the serial Boltz module"
+    )
+    p.add_argument(
+        "--work-budget",
+        type=float,
+        default=work_budget_mib(),
+        help="MiB per kernel piece and rank (physicsnemo_foldcp.kernels.budget)",
+    )
     common.add_step_arguments(p)
     common.add_output_arguments(p)
     return p
@@ -929,6 +1110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairwise_num_heads=args.pairwise_num_heads,
         dropout=args.dropout,
     )
+    set_work_budget(args.work_budget)
     mesh = fc.init_mesh(ddp=1, cp=cp, timeout_s=args.timeout)
     command = common.launch_command("bench_pairformer.py", mesh.world_size, argv)
     rows = []
@@ -942,6 +1124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=args.seed,
                 padded=args.padded,
                 serial_check=not args.no_serial_check,
+                serial_time=not args.no_serial_time,
                 memory=not args.no_memory,
                 init_noise=args.init_noise,
             )
@@ -955,7 +1138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"moved fwd {row['fwd_KiB_layer']:.1f} KiB/layer "
                     f"bwd {row['bwd_KiB_layer']:.1f} KiB/layer "
                     f"fallback gathers {row['fallback_gathers']} "
-                    f"loss {row['loss']:.6f} serial {row['serial_loss']}",
+                    f"loss {row['loss']:.6f} serial {row['serial_loss']} "
+                    f"step / serial Boltz {common.fmt(row['step_over_serial'])} "
+                    f"({row['pieces']})",
                     flush=True,
                 )
             if mesh.rank == 0:  # after every N, so a later failure keeps the earlier rows
@@ -979,6 +1164,7 @@ __all__ = [
     "pair_loss",
     "run_pairformer_benchmark",
     "serial_loss",
+    "serial_step_times",
     "with_ratios",
     "write_results",
 ]

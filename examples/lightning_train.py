@@ -38,6 +38,7 @@ from physicsnemo_foldcp.lightning import FoldCPStrategy, FoldModule, StepMetrics
 from physicsnemo_foldcp.training.config import (
     TrainAppConfig,
     build_dataset,
+    build_mesh,
     build_model,
     data_config,
     loader_options,
@@ -88,7 +89,7 @@ def main(cfg: DictConfig) -> None:
     data = data_config(conf.data)
     sharding = sharding_options(conf.sharding)
     set_precision(settings.precision)
-    mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
+    mesh = build_mesh(conf.mesh)
     metric_logger = None
     lock = None
     try:

@@ -31,6 +31,7 @@ from physicsnemo_foldcp.training import load_checkpoint, predict
 from physicsnemo_foldcp.training.config import (
     PredictAppConfig,
     build_dataset,
+    build_mesh,
     build_model,
     data_config,
     loader_options,
@@ -51,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     data = data_config(conf.data)
     sharding = sharding_options(conf.sharding)
     options = conf.predict
-    mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
+    mesh = build_mesh(conf.mesh)
     try:
         registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
         model = build_model(conf.model, options.seed).to(mesh.device)

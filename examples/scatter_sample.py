@@ -19,7 +19,12 @@ import physicsnemo_foldcp as fc
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.sharding.report import audit_features, sharding_report
 from physicsnemo_foldcp.testing import collective_assert
-from physicsnemo_foldcp.training.config import ScatterAppConfig, sharding_options, typed
+from physicsnemo_foldcp.training.config import (
+    ScatterAppConfig,
+    build_mesh,
+    sharding_options,
+    typed,
+)
 from physicsnemo_foldcp.training.logs import setup_logging
 
 warnings.filterwarnings("ignore", message=".*all_gather_tensor.* is deprecated")
@@ -30,7 +35,7 @@ def main(cfg: DictConfig) -> None:
     setup_logging("INFO")
     conf = typed(ScatterAppConfig, cfg, None)
     options = sharding_options(conf.sharding)
-    mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
+    mesh = build_mesh(conf.mesh)
     registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))
     sample = None
     if mesh.is_domain_source:

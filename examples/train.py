@@ -31,6 +31,7 @@ from physicsnemo_foldcp.training import train
 from physicsnemo_foldcp.training.config import (
     TrainAppConfig,
     build_dataset,
+    build_mesh,
     build_model,
     data_config,
     loader_options,
@@ -55,7 +56,7 @@ def main(cfg: DictConfig) -> None:
     config = OmegaConf.to_container(cfg, resolve=True)
     data = data_config(conf.data)
     sharding = sharding_options(conf.sharding)
-    mesh = fc.init_mesh(ddp=conf.mesh.ddp, cp=tuple(conf.mesh.cp), timeout_s=conf.mesh.timeout_s)
+    mesh = build_mesh(conf.mesh)
     metric_logger = None
     try:
         registry = fc.FeatureRegistry.from_config(dataclasses.asdict(conf.registry))

@@ -16,6 +16,7 @@ from physicsnemo_foldcp import ops
 from physicsnemo_foldcp.data import ShardedLoader, ShardedSample
 from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown, wrap_model
 from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec
+from physicsnemo_foldcp.kernels.budget import set_work_budget, work_budget
 from physicsnemo_foldcp.sharding.options import BalanceOptions, ShardingOptions
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures, gather_features, scatter_features
 
@@ -36,7 +37,9 @@ __all__ = [
     "gather_features",
     "init_mesh",
     "scatter_features",
+    "set_work_budget",
     "shutdown",
+    "work_budget",
     "wrap_model",
 ]
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from physicsnemo_foldcp.kernels.budget import work_budget_mib
 from physicsnemo_foldcp.testing import collective_assert
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -43,6 +44,8 @@ FINITE = [
     "bwd_KiB_outside",
     "loss",
     "serial_loss",
+    "serial_step_ms_layer",
+    "step_over_serial",
 ] + [f"{ph}_KiB_{c}" for ph in ("fwd", "bwd") for c in CATEGORIES]
 
 
@@ -126,14 +129,23 @@ def test_pairformer_benchmark_measures_and_matches_the_serial_loss(fold_mesh, tm
     for ph in ("fwd", "bwd"):
         for op in ("tri_mul_out", "tri_mul_in", "tri_att_start", "tri_att_end", "attention",
                    "transitions"):  # fmt: skip
-            if not row[f"{ph}_ms_{op}"] > 0:
-                problems.append(f"{ph}_ms_{op} = {row[f'{ph}_ms_{op}']}")
+            for key in (f"{ph}_ms_{op}", f"serial_{ph}_ms_{op}"):  # this mesh, serial Boltz
+                if not row[key] > 0:
+                    problems.append(f"{key} = {row[key]}")
         in_layers = sum(r[f"{ph}_s"].get(op, 0.0) for r in row["ranks"][:1] for op in r[f"{ph}_s"]
                         if op != "outside")  # fmt: skip
         if not in_layers > row["ranks"][0][f"{ph}_s"].get("outside", 0.0):
             problems.append(f"{ph}: most of the step is outside the layers: {row['ranks'][0]}")
     if not (len(row["fwd_times"]) == 1 and len(row["bwd_times"]) == 1):
         problems.append(f"times {row['fwd_times']} {row['bwd_times']}")
+    if not (len(row["serial_fwd_times"]) == 1 and len(row["serial_bwd_times"]) == 1):
+        problems.append(f"serial times {row['serial_fwd_times']} {row['serial_bwd_times']}")
+    # The kernels report their pieces: at this size each takes all of its work at once.
+    if row["work_budget_MiB"] != work_budget_mib() or not (
+        "triangle attention: key chunk 5 of 5" in row["pieces"]
+        and "triangle multiplication: 1 panels" in row["pieces"]
+    ):
+        problems.append(f"budget {row['work_budget_MiB']} MiB, pieces {row['pieces']!r}")
     if fold_mesh.rank == 0:
         base = dict(row, mesh="1x1", ranks_n=1, peak_MiB=4 * row["peak_MiB"])
         write_results([base], "test 1x1", Path(tmp_path))
@@ -147,6 +159,11 @@ def test_pairformer_benchmark_measures_and_matches_the_serial_loss(fold_mesh, tm
             problems.append("the bytes-per-op table misses a row")
         if "ms per layer by op" not in text or text.count("| 2x2 | 19 | backward |") != 2:
             problems.append("the time-per-op table misses a row")
+        if "| serial Boltz (2x2 launch) | 19 | backward |" not in text:
+            problems.append("the time-per-op table misses the serial module's row")
+        speed = f"- 2x2 N=19: step {row['step_ms_layer']:.3f} ms / layer (1 thread(s) per process)"
+        if speed not in text or f"ratio {row['step_over_serial']:.3f}" not in text:
+            problems.append("the step time against serial Boltz is missing")
         if png.read_bytes()[:4] != b"\x89PNG":
             problems.append("the PNG is missing")
     collective_assert(not problems, "; ".join(problems))

@@ -53,7 +53,6 @@ from physicsnemo_foldcp.core.blocks import (
 )
 from physicsnemo_foldcp.core.tensor import wrap
 from physicsnemo_foldcp.kernels.triangle_attention import (
-    SCORE_BUDGET,
     Layout,
     QueryStrip,
     Stream,
@@ -170,8 +169,8 @@ def triangle_attention(
     q = q / math.sqrt(hidden)
     k = call("mha.linear_k", normed)
     v = call("mha.linear_v", normed)
-    key_chunk = math.floor(SCORE_BUDGET * c_in / heads)
-    stream = Stream.of(layout, key_chunk, module.inf)
+    score_bytes_per_key = b * n * heads * m * q.element_size()
+    stream = Stream.of(layout, score_bytes_per_key, module.inf)
     o = StreamedAttention.apply(
         q, k, v, key_mask.to(k.dtype).contiguous(), strip, stream
     ).transpose(2, 3)
@@ -194,7 +193,6 @@ def handlers() -> list[tuple[type[nn.Module], object]]:
 
 
 __all__ = [
-    "SCORE_BUDGET",
     "Layout",
     "QueryStrip",
     "Stream",

@@ -29,8 +29,10 @@ reduce-scattered over ``cp1``; incoming: the same with the axes exchanged). Peak
 memory about three tile-sized buffers forward and four backward, whatever the mesh; no
 communication but the contraction's in forward.
 
-Collectives per call, ``S = max(cp0, cp1)`` panels (a collective over a mesh dim of size 1
-is skipped; "tile" = one rank's ``a`` block, bytes received per rank):
+Collectives per call, ``S`` panels (``max(cp0, cp1)`` at most, fewer when the work budget
+holds larger ones: :func:`~physicsnemo_foldcp.kernels.triangle_product.panel_count`; a
+collective over a mesh dim of size 1 is skipped; "tile" = one rank's ``a`` block, bytes
+received per rank):
 
 * forward, outgoing: ``S`` all-gathers over cp0 and ``S`` reduce-scatters over cp1,
   ``(cp0 - 1) + (cp1 - 1)`` tiles; incoming: the same with cp0 and cp1 exchanged. On a

@@ -28,7 +28,8 @@ Rank ``(i, j)`` computes the outputs of its own tile: rows ``r in R_i``, queries
    ``s`` every rank contributes columns ``[s w, (s + 1) w)`` of its tile (``w =
    ceil(max_l |C_l| / cp1)``, pieces padded to ``w``), ONE all-gather over ``Q`` per step,
    so a rank holds about one key tile at a time, never a full row of key tiles. Every key
-   sub-chunk of width ``kc`` (:data:`SCORE_BUDGET`) gives ``[B, n, H, m, kc]`` logits
+   sub-chunk of width ``kc`` (the widest that fits the work budget,
+   :mod:`~physicsnemo_foldcp.kernels.budget`) gives ``[B, n, H, m, kc]`` logits
    (``q k^T``, then the mask bias, then the triangle bias, in Boltz's order), merged into
    an online softmax (running max, running sum, running weighted values).
 4. Backward recomputes the logits the same way (flash-attention style, from the saved
@@ -63,8 +64,9 @@ tiles each), the bias tile (``H / C``) and the strip (``(N / n) H / C``; at most
 that while it is assembled), and two ``n x H x m`` softmax statistics. The peak extra
 while the attention runs is the streamed buffer ``cp1 w x n x F`` (about
 ``(2 H c + 1) / C`` tiles of ``w``-padded key columns, i.e. ~2 tiles for Boltz's
-``H c = C``), a few sub-chunk score tensors of ``n x H x m x kc`` elements (at most
-:data:`SCORE_BUDGET` tiles each) and the ``n x H x m x c`` accumulator; in backward also
+``H c = C``), a few sub-chunk score tensors of ``n x H x m x kc`` elements (two of them,
+the probabilities and their gradient in backward, within the work budget; one key column
+at least) and the ``n x H x m x c`` accumulator; in backward also
 the key/value gradient buffer ``cp1 w x n x 2 H c`` and ``dq, dk, dv`` (a tile each). No
 rank ever holds the ``N x N`` scores of a row, or a row of key tiles.
 
@@ -89,13 +91,11 @@ from physicsnemo_foldcp.core.blocks import (
     overlap,
     reduce_scatter_blocks,
 )
+from physicsnemo_foldcp.kernels.budget import pieces_width, report_pieces
 
-SCORE_BUDGET = 1.0
-"""Logits of one key sub-chunk hold at most this many local pair tiles' worth of elements.
-
-The key sub-chunk width is ``max(1, floor(SCORE_BUDGET * C / H))`` for ``C`` input channels
-and ``H`` heads: ``[B, n, H, m, kc]`` logits against the ``[B, n, m, C]`` tile. Raise it to
-trade memory for fewer, larger matrix products."""
+SCORE_COPIES = 2
+"""Sub-chunk score tensors alive together: the probabilities and, in backward, their
+gradient (the logits become the probabilities in place)."""
 
 
 # -- geometry --------------------------------------------------------------------------------
@@ -251,7 +251,8 @@ class Stream:
     steps : int
         Number of steps (one all-gather each).
     key_chunk : int
-        Keys per logits sub-chunk (``kc``).
+        Keys per logits sub-chunk (``kc``): the widest whose :data:`SCORE_COPIES` score
+        tensors fit the work budget, at most ``width``.
     inf : float
         Boltz's mask penalty (``module.inf``).
     """
@@ -263,11 +264,17 @@ class Stream:
     inf: float
 
     @classmethod
-    def of(cls, layout: Layout, key_chunk: int, inf: float) -> Stream:
-        """``w = ceil(widest key block / ranks)``: about one key tile gathered per step."""
+    def of(cls, layout: Layout, score_bytes_per_key: int, inf: float) -> Stream:
+        """``w = ceil(widest key block / ranks)``: about one key tile gathered per step.
+
+        ``score_bytes_per_key`` is the size of one key's logits ``[B, n, H, m]``; the key
+        sub-chunk is the widest that the work budget allows (:func:`pieces_width`).
+        """
         widest = max(layout.key_sizes)
         width = max(1, -(-widest // len(layout.key_sizes)))
-        return cls(layout, width, -(-widest // width), max(1, int(key_chunk)), float(inf))
+        key_chunk = pieces_width(width, SCORE_COPIES * score_bytes_per_key)
+        report_pieces("triangle attention", f"key chunk {key_chunk} of {width}")
+        return cls(layout, width, -(-widest // width), key_chunk, float(inf))
 
     def lengths(self, step: int) -> list[int]:
         """Key columns each rank contributes in ``step``."""

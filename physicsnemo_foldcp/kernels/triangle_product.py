@@ -42,7 +42,9 @@ over ``cp0`` again (not stored: memory stays bounded), ``grad_a`` accumulated lo
 
 Cost per call
 -------------
-``P0 = cp0``, ``P1 = cp1``, ``S = max(P0, P1)`` panels; a *tile* is the ``n x m x D`` fp32
+``P0 = cp0``, ``P1 = cp1``, ``S`` panels (:func:`panel_count`: ``max(P0, P1)`` at most,
+fewer when the work budget holds larger panels, one for a tile that fits); a *tile* is the
+``n x m x D`` fp32
 values of one rank's ``a`` (or ``b``) block, ``n ~ N / P0``, ``m ~ N / P1``; bytes are
 those a rank *receives*, as ring algorithms move them; a collective over a mesh dim of
 size 1 is skipped.
@@ -74,10 +76,12 @@ least ``2 P - 1`` tiles on a ``P x P`` mesh: a rank off the diagonal holds none 
 ``b`` rows it needs.
 
 Peak extra memory: per panel one gathered panel of the moving operand (``N / S x m x D``)
-and one partial output panel (``n x N / S x D``), each at most about one tile since ``S >=
-P0, P1``, plus the padded copies the collectives make: about three tile-sized buffers in
-forward, four in backward, whatever the mesh size, besides the inputs, the output and the
-gradients themselves. No panel is stored for backward (each is gathered again).
+and one partial output panel (``n x N / S x D``), plus the padded copies the collectives
+make; the panels' buffers fit the work budget (:mod:`~physicsnemo_foldcp.kernels.budget`)
+or, at ``S = max(P0, P1)`` when it is smaller, are each at most about one tile: about three
+tile-sized buffers in forward, four in backward, whatever the mesh size, besides the
+inputs, the output and the gradients themselves. No panel is stored for backward (each is
+gathered again).
 """
 
 from __future__ import annotations
@@ -97,7 +101,12 @@ from physicsnemo_foldcp.core.blocks import (
     gather_blocks,
     reduce_scatter_blocks,
 )
+from physicsnemo_foldcp.kernels.budget import pieces_count, report_pieces
 from physicsnemo_foldcp.sharding.plan import split_sizes
+
+PANEL_BUFFERS = 3
+"""Panel-sized buffers alive together (backward: the gradient's panel, the moving
+operand's panel and a partial product)."""
 
 OUTGOING = "outgoing"
 INCOMING = "incoming"
@@ -300,6 +309,36 @@ class PanelProduct(torch.autograd.Function):
         return grad_s, grad_m, None, None, None, None, None
 
 
+def panel_count(
+    row_sizes: Sequence[int], col_sizes: Sequence[int], batch: int, dim: int, itemsize: int
+) -> int:
+    """Panels of the contraction: the fewest whose buffers fit the work budget.
+
+    One panel of the token axis (``N / S`` tokens) costs :data:`PANEL_BUFFERS` buffers of
+    ``batch x N / S x widest block x dim`` elements of ``itemsize`` bytes. The count is
+    between 1 (the whole contraction at once, as Boltz does it) and ``max(cp0, cp1)`` (each
+    buffer about one tile, the kernel's memory floor), and the same on every rank (it reads
+    only the global block sizes).
+
+    Parameters
+    ----------
+    row_sizes, col_sizes : sequence of int
+        The row blocks (over ``cp0``) and column blocks (over ``cp1``).
+    batch, dim : int
+        Batch size and channels of the tiles.
+    itemsize : int
+        Bytes per element of the contraction (fp32: 4).
+
+    Returns
+    -------
+    int
+        ``S``.
+    """
+    n = sum(row_sizes)
+    whole = PANEL_BUFFERS * batch * n * max(*row_sizes, *col_sizes) * dim * itemsize
+    return min(max(len(row_sizes), len(col_sizes)), pieces_count(whole))
+
+
 def triangle_product(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -323,7 +362,8 @@ def triangle_product(
     row_sizes, col_sizes : sequence of int
         The row blocks (over ``cp0``) and column blocks (over ``cp1``) of the tiles.
     panels : int, optional
-        Number of panels; ``max(cp0, cp1)`` by default (each panel buffer about one tile).
+        Number of panels; by default the fewest that fit the work budget
+        (:func:`panel_count`).
 
     Returns
     -------
@@ -338,7 +378,8 @@ def triangle_product(
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     rows, cols = tuple(int(s) for s in row_sizes), tuple(int(s) for s in col_sizes)
-    count = panels or max(mesh.size(ROWS), mesh.size(COLUMNS))
+    count = panels or panel_count(rows, cols, a.shape[0], a.shape[-1], a.element_size())
+    report_pieces("triangle multiplication", f"{count} panels")
     if direction == OUTGOING:
         return PanelProduct.apply(a, b, mesh, ROWS, rows, cols, count)
     out_t = PanelProduct.apply(
@@ -353,6 +394,7 @@ __all__ = [
     "OUTGOING",
     "Panel",
     "PanelProduct",
+    "panel_count",
     "panel_plan",
     "triangle_product",
 ]

@@ -63,6 +63,8 @@ from physicsnemo_foldcp.data.files import FeatureFileDataset
 from physicsnemo_foldcp.data.loader import ShardedLoader
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
+from physicsnemo_foldcp.distributed.mesh import FoldMesh
+from physicsnemo_foldcp.kernels.budget import DEFAULT_WORK_BUDGET_MIB, set_work_budget
 from physicsnemo_foldcp.models.boltz2_config import Boltz2Config, Boltz2TrunkConfig
 from physicsnemo_foldcp.models.reference import ModelConfig
 from physicsnemo_foldcp.sharding.options import ShardingOptions
@@ -169,16 +171,39 @@ class MeshConfig:
         ``[cp0, cp1]``: token rows over cp0, token columns over cp1.
     timeout_s : float or None
         Bound on every collective wait; ``None``: ``FOLDCP_TIMEOUT_S`` or 600 s.
+    work_budget_mib : float
+        Per-rank budget of one kernel piece's transient buffers (triangle attention's key
+        sub-chunks, triangle multiplication's panels), see
+        :mod:`~physicsnemo_foldcp.kernels.budget`: larger is faster while it fits.
     """
 
     ddp: int = default_of(init_mesh, "ddp")
     cp: list[int] = field(default_factory=lambda: list(default_of(init_mesh, "cp")))
     timeout_s: float | None = default_of(init_mesh, "timeout_s")
+    work_budget_mib: float = DEFAULT_WORK_BUDGET_MIB
 
     def __post_init__(self) -> None:
         # The sizes are checked against the world size by init_mesh, before any work.
         if self.timeout_s is not None:
             check_range("mesh.timeout_s", self.timeout_s, low=0.0, low_open=True)
+        check_range("mesh.work_budget_mib", self.work_budget_mib, low=0.0, low_open=True)
+
+
+def build_mesh(mesh: MeshConfig) -> FoldMesh:
+    """Start the job's ``ddp x cp0 x cp1`` mesh and set the kernels' work budget.
+
+    Parameters
+    ----------
+    mesh : MeshConfig
+        The ``mesh`` group.
+
+    Returns
+    -------
+    FoldMesh
+        From :func:`~physicsnemo_foldcp.init_mesh`.
+    """
+    set_work_budget(mesh.work_budget_mib)
+    return init_mesh(ddp=mesh.ddp, cp=tuple(mesh.cp), timeout_s=mesh.timeout_s)
 
 
 @dataclass
@@ -652,6 +677,7 @@ __all__ = [
     "SyntheticDataConfig",
     "TrainAppConfig",
     "build_dataset",
+    "build_mesh",
     "build_model",
     "data_config",
     "default_of",

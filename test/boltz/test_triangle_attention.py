@@ -20,7 +20,8 @@ from torch.utils._pytree import tree_leaves
 
 import physicsnemo_foldcp.boltz
 from physicsnemo_foldcp.core.blocks import tile_shapes
-from physicsnemo_foldcp.kernels.triangle_attention import Layout, Stream
+from physicsnemo_foldcp.kernels.budget import recorded_pieces, work_budget
+from physicsnemo_foldcp.kernels.triangle_attention import SCORE_COPIES, Layout, Stream
 from physicsnemo_foldcp.ops import wrap
 from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
 from physicsnemo_foldcp.testing import collective_assert
@@ -165,11 +166,16 @@ SIZES = [
 ]
 
 
+MIB = 1 << 20
+
+
 @pytest.mark.parametrize("row_sizes, key_sizes", SIZES)
 def test_stream_visits_every_key_once(row_sizes, key_sizes):
     for q in range(len(key_sizes)):
         layout = Layout(None, 0, 1, tuple(row_sizes), tuple(key_sizes), 0, q)
-        stream = Stream.of(layout, key_chunk=4, inf=1e9)
+        with work_budget(4 * SCORE_COPIES / MIB):  # 4 keys of one byte each
+            stream = Stream.of(layout, score_bytes_per_key=1, inf=1e9)
+        assert stream.key_chunk == min(4, stream.width)
         seen = []
         for step in range(stream.steps):
             for at, key, width in stream.chunks(step):
@@ -179,6 +185,18 @@ def test_stream_visits_every_key_once(row_sizes, key_sizes):
                 seen.extend(range(key, key + width))
         assert sorted(seen) == list(range(sum(key_sizes)))  # each key once, in any order
         assert stream.width * len(key_sizes) <= max(key_sizes) + len(key_sizes) - 1
+
+
+def test_key_chunk_is_the_widest_that_fits_the_budget():
+    layout = Layout(None, 0, 1, (64,), (64,), 0, 0)
+    per_key = 1 * 64 * 4 * 64 * 4  # [B, n, H, m] fp32 logits of one key
+    for budget_keys, chunk in ((0.5, 1), (1, 1), (5, 5), (64, 64), (1000, 64)):
+        with work_budget(budget_keys * SCORE_COPIES * per_key / MIB), recorded_pieces() as seen:
+            assert Stream.of(layout, per_key, inf=1e9).key_chunk == chunk, budget_keys
+        assert seen == {"triangle attention": {f"key chunk {chunk} of 64"}}
+    with pytest.raises(ValueError, match="work_budget_mib"):
+        with work_budget(0):
+            pass
 
 
 @pytest.mark.parametrize("row_sizes, key_sizes", SIZES)
@@ -203,6 +221,22 @@ def test_bias_strip_pieces_cover_the_query_block(row_sizes, key_sizes):
 @pytest.mark.parametrize("n_tokens", [23, 37])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_matches_serial_module(fold_mesh, starting, mode, n_tokens, dtype):
+    check_against_serial(fold_mesh, starting, mode, n_tokens, dtype)
+
+
+@distributed
+@pytest.mark.parametrize(
+    "fold_mesh", [(1, 2, 3), (1, 3, 3)], indirect=True, ids=lambda s: "x".join(map(str, s))
+)
+@NODES
+def test_matches_serial_module_in_single_key_chunks(fold_mesh, starting):
+    # a budget below one key's scores: every sub-chunk is one key, merged by the online softmax
+    with work_budget(1 / MIB):
+        check_against_serial(fold_mesh, starting, "train", 37, torch.float32)
+
+
+def check_against_serial(fold_mesh, starting, mode, n_tokens, dtype):
+    """Output, input and parameter gradients and collectives against the serial module."""
     serial = make_module(starting).to(dtype)
     distributed = copy.deepcopy(serial).to(fold_mesh.device)
     chunk_size = EVAL_CHUNK if mode == "eval" else None

@@ -18,7 +18,8 @@ import physicsnemo_foldcp.boltz
 from physicsnemo_foldcp.boltz.triangle_mult import handlers
 from physicsnemo_foldcp.core.blocks import tile_shapes
 from physicsnemo_foldcp.core.compat import sharding_shapes
-from physicsnemo_foldcp.kernels.triangle_product import panel_plan
+from physicsnemo_foldcp.kernels.budget import DEFAULT_WORK_BUDGET_MIB, work_budget
+from physicsnemo_foldcp.kernels.triangle_product import PANEL_BUFFERS, panel_count, panel_plan
 from physicsnemo_foldcp.ops import ShardingLayoutError, wrap
 from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
 from physicsnemo_foldcp.testing import collective_assert, collective_assert_close
@@ -30,6 +31,8 @@ CLASSES = {
     "incoming": triangular_mult.TriangleMultiplicationIncoming,
 }
 DIM = 16
+TINY_BUDGET_MIB = 1 / (1 << 20)
+"""One byte: every contraction takes the most panels, max(cp0, cp1)."""
 
 MESHES = [(2, 1, 2), (2, 2, 1), (1, 2, 2), (1, 2, 3), (1, 3, 2), (1, 3, 3)]
 mesh_param = pytest.mark.parametrize(
@@ -163,6 +166,21 @@ def test_panels_cover_every_token_once_and_split_both_partitions_evenly(rows, co
             assert sorted(positions) == list(range(size))
 
 
+def test_panel_count_is_the_fewest_that_fit_the_budget_within_the_mesh_bounds():
+    rows, cols = [20, 20, 20], [30, 30]  # N = 60, widest block 30
+    one_panel = PANEL_BUFFERS * 2 * 60 * 30 * DIM * 4  # batch 2, fp32
+    mib = 1 << 20
+    for budget_bytes, panels in (
+        (one_panel, 1),
+        (one_panel - 1, 2),
+        (one_panel // 2, 2),
+        (one_panel // 2 - 1, 3),
+        (1, 3),  # never more than max(cp0, cp1)
+    ):
+        with work_budget(budget_bytes / mib):
+            assert panel_count(rows, cols, 2, DIM, 4) == panels, budget_bytes
+
+
 def test_the_handlers_cover_both_directions():
     assert [cls for cls, _ in handlers()] == list(CLASSES.values())
     installed = physicsnemo_foldcp.boltz.install()
@@ -187,8 +205,20 @@ def test_plain_tensors_still_run_boltz_forward(direction):
 @distributed
 @mesh_param
 @direction_param
-@pytest.mark.parametrize("n, rows", [(23, "skewed"), (37, "even")], ids=["n23-skewed", "n37-even"])
-def test_matches_serial_output_input_and_parameter_gradients(fold_mesh, direction, n, rows):
+@pytest.mark.parametrize(
+    "n, rows, budget_mib",
+    [(23, "skewed", None), (23, "skewed", TINY_BUDGET_MIB), (37, "even", None)],
+    ids=["n23-skewed", "n23-skewed-most-panels", "n37-even"],
+)
+def test_matches_serial_output_input_and_parameter_gradients(
+    fold_mesh, direction, n, rows, budget_mib
+):
+    with work_budget(budget_mib or DEFAULT_WORK_BUDGET_MIB):
+        check_against_serial(fold_mesh, direction, n, rows)
+
+
+def check_against_serial(fold_mesh, direction, n, rows):
+    """Output, input gradient and parameter gradients of one call against the serial module."""
     _, cp0, cp1 = fold_mesh.shape
     row_sizes, col_sizes = blocks(n, cp0, cp1, rows)
     serial = boltz_module(direction)
@@ -221,9 +251,8 @@ def test_matches_serial_output_input_and_parameter_gradients(fold_mesh, directio
         assert_close(p.grad, p_serial.grad, f"grad of {name}")
 
 
-def expected_counts(direction, cp0, cp1):
+def expected_counts(direction, cp0, cp1, panels):
     """Collectives per call as the docstring states them: (forward, backward)."""
-    panels = max(cp0, cp1)
     gathered, scattered = (cp0, cp1) if direction == "outgoing" else (cp1, cp0)
     forward = {"all_gather": panels * (gathered > 1), "reduce_scatter": panels * (scattered > 1)}
     backward = {
@@ -237,12 +266,17 @@ def expected_counts(direction, cp0, cp1):
 @distributed
 @mesh_param
 @direction_param
-def test_forward_receives_cannon_volume_and_states_its_collectives(fold_mesh, direction):
+@pytest.mark.parametrize("budget_mib", [TINY_BUDGET_MIB, None], ids=["most-panels", "one-panel"])
+def test_forward_receives_cannon_volume_and_states_its_collectives(
+    fold_mesh, direction, budget_mib
+):
     """Bytes received per rank in forward: (cp0 - 1) + (cp1 - 1) tiles, within 10 %.
 
     On a square P x P mesh that is 2 (P - 1) tiles, what Cannon's algorithm shifts for the
-    same tiles; on 2x3 and 3x2, 3 tiles (N = 48, tiles of 24 x 16: 3.12 measured). No
-    buffer a collective fills is larger than about one tile, whatever the mesh.
+    same tiles; on 2x3 and 3x2, 3 tiles (N = 48, tiles of 24 x 16: 3.12 measured). With a
+    budget below one tile (max(cp0, cp1) panels) no buffer a collective fills is larger
+    than about one tile, whatever the mesh; with the default budget the small tiles take
+    one panel: the same bytes in one collective of each kind.
     """
     _, cp0, cp1 = fold_mesh.shape
     n = 48
@@ -253,11 +287,13 @@ def test_forward_receives_cannon_volume_and_states_its_collectives(fold_mesh, di
     mask_tile, _ = tile(mask, fold_mesh, row_sizes, col_sizes)
     tile_bytes = (n // cp0) * (n // cp1) * DIM * 4
 
-    with count_p2p() as p2p, BytesReceived() as forward:
-        out = module(x_tile, mask_tile)
-    w_local = local_block(weights, fold_mesh, row_sizes, col_sizes).to(fold_mesh.device)
-    with count_p2p() as p2p_backward, CommDebugMode() as backward:
-        (out.to_local() * w_local).sum().backward()
+    panels = max(cp0, cp1) if budget_mib else 1
+    with work_budget(budget_mib or DEFAULT_WORK_BUDGET_MIB):
+        with count_p2p() as p2p, BytesReceived() as forward:
+            out = module(x_tile, mask_tile)
+        w_local = local_block(weights, fold_mesh, row_sizes, col_sizes).to(fold_mesh.device)
+        with count_p2p() as p2p_backward, CommDebugMode() as backward:
+            (out.to_local() * w_local).sum().backward()
 
     tiles = forward.received / tile_bytes
     stated = (cp0 - 1) + (cp1 - 1)
@@ -265,9 +301,10 @@ def test_forward_receives_cannon_volume_and_states_its_collectives(fold_mesh, di
         abs(tiles - stated) <= 0.1 * max(stated, 1),
         f"forward received {tiles:.3f} tiles per rank, stated {stated}",
     )
+    largest = 1.25 * (1 if budget_mib else max(cp0, cp1)) * tile_bytes
     collective_assert(
-        forward.largest <= 1.25 * tile_bytes,
-        f"a collective buffer holds {forward.largest / tile_bytes:.3f} tiles",
+        forward.largest <= largest,
+        f"a collective buffer holds {forward.largest / tile_bytes:.3f} tiles ({panels} panels)",
     )
     if cp0 == cp1:
         cannon = 2 * (cp0 - 1)
@@ -275,7 +312,7 @@ def test_forward_receives_cannon_volume_and_states_its_collectives(fold_mesh, di
             abs(tiles - cannon) <= 0.1 * cannon,
             f"forward received {tiles:.3f} tiles, Cannon shifts {cannon}",
         )
-    want_forward, want_backward = expected_counts(direction, cp0, cp1)
+    want_forward, want_backward = expected_counts(direction, cp0, cp1, panels)
     got_forward, got_backward = collective_counts(forward), collective_counts(backward)
     collective_assert(
         (got_forward, got_backward) == (want_forward, want_backward),

@@ -52,6 +52,8 @@ CASES = [
     ("train", ["train.log_every=-1"], "train.log_every=-1", f"{INTEGER} >= 0"),
     ("train", ["train.checkpoint_every=-2"], "train.checkpoint_every=-2", f"{INTEGER} >= 0"),
     ("train", ["mesh.timeout_s=0"], "mesh.timeout_s=0.0", f"{FINITE} > 0"),
+    ("predict", ["mesh.work_budget_mib=0"], "mesh.work_budget_mib=0.0", f"{FINITE} > 0"),
+    ("train", ["mesh.work_budget_mib=inf"], "mesh.work_budget_mib=inf", f"{FINITE} > 0"),
     ("train", ["data.n_samples=0"], "data.n_samples=0", f"{INTEGER} >= 1"),
     ("train", ["data.max_tokens=3"], "data.max_tokens=3", f"{INTEGER} >= 16"),
     ("train", ["data.msa_rows=0"], "data.msa_rows=0", f"{INTEGER} >= 1"),

@@ -1,0 +1,146 @@
+"""The per-rank memory budget of the kernels' transient buffers, and the sizes it gives.
+
+The pair kernels cut their work into pieces so that no rank holds a row's ``N x N``
+scores or a whole row of pair tiles: the triangle attention computes its logits one key
+sub-chunk at a time, the triangle product one panel at a time. Small pieces bound memory
+but cost time (more, smaller matrix products and collectives); a tile that fits should run
+in one piece, as Boltz's own module runs. The budget says how many bytes the transient
+buffers of one piece may take on a rank; each kernel asks :func:`pieces_width` or
+:func:`pieces_count` for the largest piece that fits, and never cuts finer than that.
+
+The budget is process-wide (like ``torch.backends`` flags): :func:`set_work_budget`, or
+:func:`work_budget` as a context manager; the apps set it from ``mesh.work_budget_mib``.
+The kernels say what they chose (:func:`report_pieces`); :func:`recorded_pieces` collects
+it, e.g. for a benchmark's table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+DEFAULT_WORK_BUDGET_MIB = 128.0
+"""Default budget: 128 MiB of transient buffers per kernel piece and rank."""
+
+_MIB = 1 << 20
+_budget_mib = DEFAULT_WORK_BUDGET_MIB
+_records: list[dict[str, set[str]]] = []
+
+
+def _checked(mib: float) -> float:
+    value = float(mib)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"work_budget_mib must be a finite number > 0, got {mib!r}")
+    return value
+
+
+def work_budget_mib() -> float:
+    """The budget now in force, in MiB."""
+    return _budget_mib
+
+
+def set_work_budget(mib: float) -> float:
+    """Set the per-rank budget of one kernel piece's transient buffers.
+
+    Parameters
+    ----------
+    mib : float
+        Budget in MiB (``> 0``). Larger: fewer, larger pieces (faster while they fit);
+        smaller: the peak memory of the pair kernels falls towards a few pair tiles.
+
+    Returns
+    -------
+    float
+        The previous budget in MiB.
+
+    Raises
+    ------
+    ValueError
+        When ``mib`` is not a finite positive number.
+    """
+    global _budget_mib
+    previous, _budget_mib = _budget_mib, _checked(mib)
+    return previous
+
+
+@contextlib.contextmanager
+def work_budget(mib: float) -> Iterator[float]:
+    """Run a block under budget ``mib`` (MiB), restoring the previous one after it."""
+    previous = set_work_budget(mib)
+    try:
+        yield mib
+    finally:
+        set_work_budget(previous)
+
+
+def pieces_width(total: int, bytes_per_unit: int) -> int:
+    """The widest piece of ``total`` units whose buffers fit the budget (at least 1).
+
+    Parameters
+    ----------
+    total : int
+        Units to cover (e.g. the keys of one streamed step).
+    bytes_per_unit : int
+        Transient bytes one unit of a piece costs (all buffers alive together).
+
+    Returns
+    -------
+    int
+        ``min(total, floor(budget / bytes_per_unit))``, at least 1.
+    """
+    fits = int(_budget_mib * _MIB) // max(1, int(bytes_per_unit))
+    return max(1, min(int(total), fits))
+
+
+def pieces_count(total_bytes: int, least: int = 1) -> int:
+    """How many equal pieces bring ``total_bytes`` of transient buffers within the budget.
+
+    Parameters
+    ----------
+    total_bytes : int
+        Transient bytes of the whole work done in one piece.
+    least : int
+        The fewest pieces the caller accepts.
+
+    Returns
+    -------
+    int
+        ``max(least, ceil(total_bytes / budget))``.
+    """
+    return max(int(least), -(-int(total_bytes) // int(_budget_mib * _MIB)))
+
+
+def report_pieces(kernel: str, choice: str) -> None:
+    """Tell every :func:`recorded_pieces` block that ``kernel`` cut its work as ``choice``."""
+    for record in _records:
+        record.setdefault(kernel, set()).add(choice)
+
+
+@contextlib.contextmanager
+def recorded_pieces() -> Iterator[dict[str, set[str]]]:
+    """Collect, per kernel, the distinct piece sizes chosen inside the block.
+
+    Yields
+    ------
+    dict[str, set[str]]
+        ``{"triangle attention": {"key chunk 64 of 64"}, ...}``, filled as the kernels run.
+    """
+    record: dict[str, set[str]] = {}
+    _records.append(record)
+    try:
+        yield record
+    finally:
+        _records.remove(record)
+
+
+__all__ = [
+    "DEFAULT_WORK_BUDGET_MIB",
+    "pieces_count",
+    "pieces_width",
+    "recorded_pieces",
+    "report_pieces",
+    "set_work_budget",
+    "work_budget",
+    "work_budget_mib",
+]
