@@ -20,8 +20,8 @@ import contextlib
 import math
 from collections.abc import Iterator
 
-DEFAULT_WORK_BUDGET_MIB = 128.0
-"""Default budget: 128 MiB of transient buffers per kernel piece and rank."""
+DEFAULT_WORK_BUDGET_MIB = 64.0
+"""Default budget: 64 MiB of transient buffers per kernel piece and rank."""
 
 _MIB = 1 << 20
 _budget_mib = DEFAULT_WORK_BUDGET_MIB

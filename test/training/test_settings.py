@@ -14,6 +14,7 @@ from torch import nn
 
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
 from physicsnemo_foldcp.distributed.wrappers import resolve_wrapper
+from physicsnemo_foldcp.kernels.budget import DEFAULT_WORK_BUDGET_MIB
 from physicsnemo_foldcp.models import (
     Boltz2TrunkConfig,
     ModelConfig,
@@ -30,6 +31,7 @@ from physicsnemo_foldcp.training import (
 )
 from physicsnemo_foldcp.training.compile import resolve_compile_mode
 from physicsnemo_foldcp.training.config import (
+    MeshConfig,
     PredictAppConfig,
     ScatterAppConfig,
     TrainAppConfig,
@@ -151,7 +153,8 @@ def test_every_default_is_written_once():
     assert overridden == {"checkpoint_dir", "metrics_file", "summary_file"}  # under run_dir
     expected = dataclasses.asdict(OptimizerSettings())
     assert cfg["optimizer"] == {**expected, "betas": list(expected["betas"])}
-    assert cfg["mesh"] == {"ddp": -1, "cp": [1, 1], "timeout_s": None}
+    assert cfg["mesh"] == dataclasses.asdict(MeshConfig())
+    assert cfg["mesh"]["work_budget_mib"] == DEFAULT_WORK_BUDGET_MIB
     assert init_mesh.__kwdefaults__ == {"timeout_s": None} and init_mesh.__defaults__ == (
         -1,
         (1, 1),
