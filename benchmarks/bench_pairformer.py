@@ -33,10 +33,10 @@ Measured per launch and ``N`` (every figure the same on every rank):
   (``transition_z`` and ``transition_s``) and ``other`` (the rest of the layer: norms,
   dropout, residuals); collectives outside the layers (the loss) are listed apart. Forward:
   forward pre- and post-hooks of each layer's children switch the label. Backward
-  (:class:`OpScopes`): a pre-hook on the node that made a child's output (its backward
-  starts) and a hook on the gradient of its input (its backward is done) switch it,
-  following the autograd engine's order. Per op: bytes of the largest rank, averaged over
-  the layers;
+  (:class:`~benchmarks.op_scopes.OpScopes`): a pre-hook on the node that made a child's
+  output (its backward starts) and a hook on the gradient of its input (its backward is
+  done) switch it, following the autograd engine's order. Per op: bytes of the largest
+  rank, averaged over the layers;
 * **gathers the plugin reported** (:func:`physicsnemo_foldcp.core.events.observe`, kind
   ``fallback``: an op that could not stay on the local blocks), with their op names and the
   layer op they came from; ideally none;
@@ -56,10 +56,10 @@ Measured per launch and ``N`` (every figure the same on every rank):
   (:mod:`physicsnemo_foldcp.kernels.budget`, default the package's), and the key
   sub-chunks and panels the kernels chose in the timed steps, every rank's;
 * **time per layer per op**: one more step with the labels of the byte count switching
-  on the same hooks (:class:`OpScopes`); the wall time between two switches goes to the
-  label that was on (on CUDA the device is synchronised at each switch), so waits for
-  peers count where they happen. Per op: milliseconds of the slowest rank, averaged over
-  the layers; the hooks themselves add a little time;
+  on the same hooks (:class:`~benchmarks.op_scopes.OpScopes`); the wall time between two
+  switches goes to the label that was on (on CUDA the device is synchronised at each
+  switch), so waits for peers count where they happen. Per op: milliseconds of the
+  slowest rank, averaged over the layers; the hooks themselves add a little time;
 * **memory per rank**: *held* is the tensor bytes a rank keeps before the step (its blocks
   of ``s``, ``z`` and the masks, and the parameters; no gradients: they are set to
   ``None`` first; CUDA: ``torch.cuda.memory_allocated``), *step peak* the peak of tensor
@@ -88,7 +88,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,10 +101,12 @@ from torch import nn
 try:
     from benchmarks import common
     from benchmarks.bench_ops import CollectiveBytes, group_labels
+    from benchmarks.op_scopes import CATEGORIES, OUTSIDE, OpScopes, Scope, by_category
 except ModuleNotFoundError:  # run as a script: the repository root is not on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import common
     from benchmarks.bench_ops import CollectiveBytes, group_labels
+    from benchmarks.op_scopes import CATEGORIES, OUTSIDE, OpScopes, Scope, by_category
 
 import physicsnemo_foldcp as fc
 import physicsnemo_foldcp.boltz as fc_boltz
@@ -119,41 +121,11 @@ from physicsnemo_foldcp.training.loop import loss_value, set_precision
 BENCHMARK = "pairformer"
 """Section of ``results/summary.json`` holding every mesh's rows."""
 
-CATEGORIES = (
-    "tri_mul_out",
-    "tri_mul_in",
-    "tri_att_start",
-    "tri_att_end",
-    "attention",
-    "transitions",
-    "other",
-)
-"""The ops of a Pairformer layer that collectives are attributed to."""
-
-CHILD_CATEGORY = {
-    "tri_mul_out": "tri_mul_out",
-    "tri_mul_in": "tri_mul_in",
-    "tri_att_start": "tri_att_start",
-    "tri_att_end": "tri_att_end",
-    "attention": "attention",
-    "transition_z": "transitions",
-    "transition_s": "transitions",
-}
-"""``PairformerLayer`` child name -> category (other children: ``other``)."""
-
-OUTSIDE = "outside"
-"""Label of collectives outside every layer (the loss reduction)."""
-
 TARGETS = {"2x2": 0.30, "3x3": 0.15}
 """Largest ``peak: this / 1x1`` at the largest N, per mesh (the issue's targets)."""
 
-TIME_TARGETS = {"1x1": 1.1, "2x2": 1.0}
-"""Largest ``step: this / serial Boltz`` (fwd + bwd, medians, one launch) per mesh."""
 
 PAIR = ("tokens", "tokens", None)
-
-Scope = tuple[int | None, str]
-"""``(layer index or None, category or OUTSIDE)``."""
 
 
 @dataclass(frozen=True)
@@ -234,17 +206,14 @@ def serial_step_times(
     Boltz's own module on plain tensors (no plugin tensor, so none of the plugin's
     handlers), the same loss and dropout draws as the distributed steps; one untimed
     warm-up step, then ``repeats`` steps, each phase between two device synchronisations.
-    On CPU the serial module runs with :func:`serial_threads` (the whole machine, as the
-    launch's ranks together have it). One more step runs with :class:`OpScopes` as a
-    clock: the third result is ``{"fwd": {op: seconds}, "bwd": {...}}``, summed over the
-    layers, as the distributed breakdown step gives it.
+    On CPU the serial module runs with every core (:func:`benchmarks.common.whole_machine`).
+    One more step runs with :class:`~benchmarks.op_scopes.OpScopes` as a clock: the third result is
+    ``{"fwd": {op: seconds}, "bwd": {...}}``, summed over the layers, as the distributed
+    breakdown step gives it.
     """
     whole = [t.to(device) for t in inputs]
     fwd, bwd = [], []
-    threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(serial_threads())
-    try:
+    with common.whole_machine(device):
         _serial_step(module, whole, dropout_seed, device)  # warm-up
         for _ in range(repeats):
             forward, backward, _ = _serial_step(module, whole, dropout_seed, device)
@@ -254,15 +223,8 @@ def serial_step_times(
         with timer.attached():
             timer.take_seconds()
             *_, by_op = _serial_step(module, whole, dropout_seed, device, timer)
-    finally:
-        torch.set_num_threads(threads)
     module.zero_grad(set_to_none=True)
     return fwd, bwd, by_op
-
-
-def serial_threads() -> int:
-    """Intra-op threads of the serial CPU run: the cores this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def _serial_step(
@@ -285,14 +247,14 @@ def _serial_step(
     loss = pair_loss(s_out, z_out, mask, pair_mask)
     if timer is not None:
         timer.current = (None, OUTSIDE)
-        by_op["fwd"] = _by_category(timer.take_seconds())
+        by_op["fwd"] = by_category(timer.take_seconds())
     common.synchronize(device)
     middle = time.perf_counter()
     loss.backward()
     common.synchronize(device)
     if timer is not None:
         timer.current = (None, OUTSIDE)
-        by_op["bwd"] = _by_category(timer.take_seconds())
+        by_op["bwd"] = by_category(timer.take_seconds())
     return middle - start, time.perf_counter() - middle, by_op
 
 
@@ -308,105 +270,6 @@ def serial_loss(
     with torch.no_grad():
         s_out, z_out = module(s, z, mask, pair_mask)
         return float(pair_loss(s_out, z_out, mask, pair_mask))
-
-
-class OpScopes:
-    """Which Pairformer layer and op is running, in the forward and in the backward.
-
-    Forward: pre- and post-hooks on every ``PairformerLayer`` and its children set
-    :attr:`current`, and the wall time between two changes goes to the scope that was on
-    (:attr:`seconds`; with ``device`` a CUDA device, it is synchronised first). Backward,
-    following the autograd engine's order: a module's backward
-    starts when the node that made its output runs (a pre-hook on that node, registered in
-    the forward post-hook, sets the module's label) and ends when the gradient of its input
-    is complete (a hook on the input tensor, registered in the forward pre-hook, sets the
-    enclosing label back). Where one tensor is both a module's input and another's output,
-    both fire at once, and the node's pre-hook, which the engine runs after the tensor's
-    hooks, wins: the producer's backward comes next.
-
-    Parameters
-    ----------
-    module : nn.Module
-        A ``PairformerModule`` (its ``layers``).
-    device : torch.device, optional
-        The device the module computes on.
-    """
-
-    def __init__(self, module: nn.Module, device: torch.device | None = None):
-        self.module = module
-        self.device = device
-        self.seconds: dict[Scope, float] = {}
-        self._scope: Scope = (None, OUTSIDE)
-        self._since = time.perf_counter()
-        self._handles: list[Any] = []
-
-    @property
-    def current(self) -> Scope:
-        """The running scope; setting it ends the time of the one before."""
-        return self._scope
-
-    @current.setter
-    def current(self, scope: Scope) -> None:
-        if self.device is not None:
-            common.synchronize(self.device)
-        now = time.perf_counter()
-        self.seconds[self._scope] = self.seconds.get(self._scope, 0.0) + now - self._since
-        self._scope, self._since = scope, now
-
-    def take_seconds(self) -> dict[Scope, float]:
-        """Seconds spent in each scope since the last call (the running one's so far)."""
-        self.current = self._scope
-        taken, self.seconds = self.seconds, {}
-        return taken
-
-    def _set(self, scope: Scope) -> Callable[..., None]:
-        def hook(*_: Any) -> None:
-            self.current = scope
-
-        return hook
-
-    def _on_start(self, tensors: Sequence[torch.Tensor], scope: Scope) -> None:
-        for t in tensors:
-            if not t.requires_grad:
-                continue
-            node = t.grad_fn
-            if node is not None:
-                node.register_prehook(self._set(scope))
-            else:
-                t.register_hook(self._set(scope))
-
-    def _on_end(self, tensors: Sequence[torch.Tensor], scope: Scope) -> None:
-        for t in tensors:
-            if t.requires_grad:
-                t.register_hook(self._set(scope))
-
-    def _hooks(self, target: nn.Module, inside: Scope, outside: Scope) -> None:
-        def pre(_: nn.Module, args: tuple) -> None:
-            self.current = inside
-            self._on_end(common.tensors_in(args), outside)
-
-        def post(_: nn.Module, args: tuple, output: Any) -> None:
-            self.current = outside
-            self._on_start(common.tensors_in(output), inside)
-
-        self._handles.append(target.register_forward_pre_hook(pre))
-        self._handles.append(target.register_forward_hook(post))
-
-    @contextlib.contextmanager
-    def attached(self) -> Iterator[OpScopes]:
-        """Hooks in place for the length of the ``with`` block."""
-        for i, layer in enumerate(self.module.layers):
-            self._hooks(layer, (i, "other"), (None, OUTSIDE))
-            for name, child in layer.named_children():
-                self._hooks(child, (i, CHILD_CATEGORY.get(name, "other")), (i, "other"))
-        self.current = (None, OUTSIDE)
-        try:
-            yield self
-        finally:
-            for handle in self._handles:
-                handle.remove()
-            self._handles.clear()
-            self.current = (None, OUTSIDE)
 
 
 class ScopedCollectiveBytes(CollectiveBytes):
@@ -687,8 +550,8 @@ def run_pairformer_benchmark(
         "peak": held + step_peak if memory else None,
         "fwd": fwd.by_scope(),
         "bwd": bwd.by_scope(),
-        "fwd_s": _by_category(fwd_seconds),
-        "bwd_s": _by_category(bwd_seconds),
+        "fwd_s": by_category(fwd_seconds),
+        "bwd_s": by_category(bwd_seconds),
         "fwd_total": fwd.total_bytes(),
         "bwd_total": bwd.total_bytes(),
         "fallbacks": found,
@@ -762,7 +625,7 @@ def run_pairformer_benchmark(
         row["step_ms_layer"] / serial_step if serial_step and row["step_ms_layer"] else None
     )
     row["threads"] = torch.get_num_threads()
-    row["serial_threads"] = serial_threads() if mesh.device.type == "cpu" else None
+    row["serial_threads"] = common.machine_threads() if mesh.device.type == "cpu" else None
     row["work_budget_MiB"] = work_budget_mib()
     chosen: dict[str, set[str]] = {}
     for r in ranks:
@@ -785,14 +648,6 @@ def run_pairformer_benchmark(
             per_step = max(r[f"{ph}_s"].get(c, 0.0) for r in ranks)
             row[f"{ph}_ms_{c}"] = 1e3 * per_step / (1 if c == OUTSIDE else blocks)
     return row
-
-
-def _by_category(seconds: Mapping[Scope, float]) -> dict[str, float]:
-    """Seconds per category, summed over the layers (``OUTSIDE``: outside every layer)."""
-    out: dict[str, float] = {}
-    for (_, category), value in seconds.items():
-        out[category] = out.get(category, 0.0) + value
-    return out
 
 
 # -- the shared tables --------------------------------------------------------------------------
@@ -994,15 +849,13 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
         f"Boltz modules with a distributed forward: "
         + (", ".join(f"`{h}`" for h in handlers) or "none")
     )
-    speed = "\n".join(
-        f"- {r['mesh']} N={r['N']}: step {common.fmt(r.get('step_ms_layer'))} ms / layer "
-        f"({r.get('threads')} thread(s) per process), serial Boltz "
-        f"{common.fmt(r.get('serial_step_ms_layer'))} ms / layer "
-        f"({r.get('serial_threads') or '-'} thread(s)), ratio "
-        f"{common.fmt(r.get('step_over_serial'))}, target <= {TIME_TARGETS[r['mesh']]:.1f}: "
-        + ("met" if (r.get("step_over_serial") or 99) <= TIME_TARGETS[r["mesh"]] else "NOT met")
-        for r in merged
-        if r["mesh"] in TIME_TARGETS and r.get("serial_step_ms_layer")
+    speed = common.step_time_lines(
+        merged,
+        lambda r: f"{r['mesh']} N={r['N']}",
+        "ms / layer",
+        "step_ms_layer",
+        "serial_step_ms_layer",
+        "step_over_serial",
     )
     pieces = "\n".join(
         f"- {r['mesh']} N={r['N']}: work budget {common.fmt(r.get('work_budget_MiB'))} MiB; "
@@ -1045,7 +898,7 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
             ("Targets", targets),
             (
                 "Step time against serial Boltz (the serial module timed in the same launch)",
-                speed or "no row with a serial timing",
+                speed,
             ),
             ("Work budget and the pieces the kernels chose (every rank's)", pieces),
             (
@@ -1082,9 +935,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.1,
         help="noise added to Boltz's initial parameters (0: Boltz's own, zero last projections)",
-    )
-    p.add_argument(
-        "--no-serial-time", action="store_true", help="skip timing the serial Boltz module"
     )
     p.add_argument(
         "--work-budget",
@@ -1153,9 +1003,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = [
-    "CATEGORIES",
     "COLUMNS",
-    "OpScopes",
     "PairformerSizes",
     "ScopedCollectiveBytes",
     "build_module",

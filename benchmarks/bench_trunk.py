@@ -25,6 +25,16 @@ Measured per launch and ``N`` (every figure the same on every rank):
   ``--no-serial-check`` skips it); the relative difference must stay within 1e-4;
 * **step time**: median over ``--repeats`` steps of the largest wall time over the ranks
   (:func:`benchmarks.common.time_collective`; after the first step and the memory step);
+* **step time against the serial trunk**: the same training step of the serial trunk on
+  the whole plain sample (Boltz's own modules, no plugin tensor), timed on the domain
+  source rank in the same launch, after a warm-up step, while the other ranks wait; on
+  CPU with every core (torchrun gives each of several ranks one thread). **step: this /
+  serial**; targets: <= 1.1 on 1x1, <= 1.0 on 2x2 (``--no-serial-time`` skips it);
+* **time by part**: one more step, distributed and serial, with
+  :class:`~benchmarks.op_scopes.OpScopes` as a clock: milliseconds per step in the input
+  embedder, the MSA module, each Pairformer op (summed over the layers), the distogram
+  head, the loss's forward and the rest of the trunk (:data:`PARTS`), the slowest rank's;
+  waits for peers count in the part that waits;
 * **memory per rank**: *held* is the tensor bytes a rank keeps before the step (its shard
   of the sample and the parameters; gradients are set to ``None`` first); *step peak* the
   peak of tensor bytes allocated during one forward + backward above that
@@ -66,6 +76,7 @@ import math
 import os
 import platform
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +87,11 @@ import torch
 
 try:
     from benchmarks import common, memory_model
+    from benchmarks.op_scopes import CATEGORIES, OUTSIDE, OpScopes, by_category
 except ModuleNotFoundError:  # run as a script: the repository root is not on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import common, memory_model
+    from benchmarks.op_scopes import CATEGORIES, OUTSIDE, OpScopes, by_category
 
 import physicsnemo_foldcp as fc
 import physicsnemo_foldcp.boltz as fc_boltz
@@ -264,6 +277,88 @@ def step_loss(model: torch.nn.Module, feats: Mapping[str, Any], dropout_seed: in
     return model.loss(model(recycling_steps=0, **feats), feats)
 
 
+STAGES = ("input_embedder", "msa_module", "distogram_module")
+"""Trunk modules timed as a whole in the breakdown step (attribute names of the trunk)."""
+
+PARTS = ("input_embedder", "msa_module", *CATEGORIES, "distogram_module", "loss", OUTSIDE)
+"""Columns of the breakdown: the stages, the Pairformer's ops summed over its layers, the
+loss (forward only; its backward counts in ``outside``) and ``outside`` (the rest of the
+trunk: relative positions, bonds, contact conditioning, norms and recycling projections)."""
+
+
+def step_by_part(
+    model: torch.nn.Module,
+    feats: Mapping[str, Any],
+    dropout_seed: int,
+    device: torch.device,
+    collective: bool,
+) -> dict[str, dict[str, float]]:
+    """One training step with :class:`~benchmarks.op_scopes.OpScopes` as a clock.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The trunk (a ``Boltz2Trunk``).
+    feats : Mapping[str, Any]
+        Its features (plugin tensors under CP, plain tensors for the serial trunk).
+    dropout_seed : int
+        As :func:`step_loss`.
+    device : torch.device
+        Synchronised at every switch (on CUDA).
+    collective : bool
+        Start after a barrier (every rank of the launch calls it).
+
+    Returns
+    -------
+    dict[str, dict[str, float]]
+        ``{"fwd": {part: seconds}, "bwd": {...}}`` over :data:`PARTS`, the Pairformer's ops
+        summed over its layers.
+    """
+    stages = {name: getattr(model, name) for name in STAGES}
+    timer = OpScopes(model.pairformer_module, device, stages)
+    model.zero_grad(set_to_none=True)
+    with timer.attached():
+        common.synchronize(device)
+        if collective:
+            torch.distributed.barrier()
+        timer.take_seconds()
+        torch.manual_seed(dropout_seed)
+        out = model(recycling_steps=0, **feats)
+        timer.current = (None, "loss")
+        loss = model.loss(out, feats)
+        timer.current = (None, OUTSIDE)
+        fwd = by_category(timer.take_seconds())
+        loss.backward()
+        timer.current = (None, OUTSIDE)
+        bwd = by_category(timer.take_seconds())
+    model.zero_grad(set_to_none=True)
+    return {"fwd": fwd, "bwd": bwd}
+
+
+def serial_step_times(
+    model: torch.nn.Module,
+    sample: Mapping[str, Any],
+    dropout_seed: int,
+    device: torch.device,
+    repeats: int,
+) -> tuple[list[float], dict[str, dict[str, float]]]:
+    """Seconds of ``repeats`` serial training steps (forward, loss, backward), after a
+    warm-up step, with every core on CPU; then one more step by part
+    (:func:`step_by_part`)."""
+    times = []
+    with common.whole_machine(device):
+        for step in range(repeats + 1):
+            model.zero_grad(set_to_none=True)
+            common.synchronize(device)
+            start = time.perf_counter()
+            step_loss(model, sample, dropout_seed).backward()
+            common.synchronize(device)
+            if step:  # the first is the warm-up
+                times.append(time.perf_counter() - start)
+        by_part = step_by_part(model, sample, dropout_seed, device, collective=False)
+    return times, by_part
+
+
 def run_trunk_benchmark(
     mesh: FoldMesh,
     n_tokens: int,
@@ -273,6 +368,7 @@ def run_trunk_benchmark(
     seed: int = 0,
     init_noise: float = 0.05,
     serial_check: bool = True,
+    serial_time: bool = True,
     memory: bool = True,
     memory_steps: int = 3,
 ) -> dict[str, Any]:
@@ -294,6 +390,11 @@ def run_trunk_benchmark(
         Noise added to the initial parameters (:func:`build_trunk`).
     serial_check : bool
         Compute the serial trunk's loss on the domain source rank.
+    serial_time : bool
+        Time ``repeats`` training steps of the serial trunk (Boltz's modules on the whole
+        plain sample, no plugin tensor) on the domain source rank, after one warm-up step,
+        with every core on CPU (:func:`benchmarks.common.whole_machine`), while the other
+        ranks wait.
     memory : bool
         Run the memory steps (profiled on CPU).
     memory_steps : int
@@ -305,21 +406,30 @@ def run_trunk_benchmark(
         One row, the same on every rank: ``mesh``, ``N``, ``A``, ``S``, ``config``,
         ``loss``, ``serial_loss``, ``loss_rel_diff``, ``time_s`` (median) and ``times``,
         ``held_MiB`` / ``step_peak_MiB`` / ``peak_MiB`` (max over ranks), ``param_bytes``,
-        ``ranks`` (per-rank figures).
+        ``serial_time_s`` (median) and ``serial_times``, ``time_over_serial``,
+        ``threads`` / ``serial_threads``, ``ranks`` (per-rank figures).
     """
     fc_boltz.install()
     cp0, cp1 = mesh.cp
     set_precision("fp32")
     dropout_seed = seed + 1
     sample = reference = None
+    serial_times: list[float] = []
+    serial_by_part: dict[str, dict[str, float]] = {}
     if mesh.is_domain_source:
         serial_sample = make_complex(n_tokens, seed=seed, msa_rows=sizes.msa_rows, atom_multiple=32)
         sample = batched(serial_sample)
-        if serial_check:
-            serial = build_trunk(sizes, seed, init_noise)
-            with torch.no_grad():
-                reference = float(step_loss(serial, sample, dropout_seed))
-            del serial
+        if serial_check or serial_time:
+            serial = build_trunk(sizes, seed, init_noise).to(mesh.device)
+            whole = {k: v.to(mesh.device) if torch.is_tensor(v) else v for k, v in sample.items()}
+            if serial_check:
+                with torch.no_grad():
+                    reference = float(step_loss(serial, whole, dropout_seed))
+            if serial_time:
+                serial_times, serial_by_part = serial_step_times(
+                    serial, whole, dropout_seed, mesh.device, repeats
+                )
+            del serial, whole
     features = fc.scatter_features(sample, mesh)
     del sample
     atoms = int(features["atom_to_token"].shape[1])
@@ -351,6 +461,7 @@ def run_trunk_benchmark(
                 step()
             step_peaks.append(peak.peak)
     timings = [common.time_collective(step, mesh.device) for _ in range(repeats)]
+    by_part = step_by_part(model, features, dropout_seed, mesh.device, collective=True)
     mine = {
         "rank": mesh.rank,
         "coord": mesh.domain_coordinate,
@@ -358,6 +469,9 @@ def run_trunk_benchmark(
         "step_peaks": step_peaks,
         "shard": common.tensor_bytes(features.values()),
         "serial_loss": reference,
+        "serial_times": serial_times,
+        "serial_by_part": serial_by_part,
+        "by_part": by_part,
         "loss": loss,
     }
     ranks = common.gather_rows(mine)
@@ -375,6 +489,16 @@ def run_trunk_benchmark(
 
     rel = abs(loss - reference) / max(abs(reference), 1e-30) if reference is not None else None
     times = [t.wall for t in timings]
+    serial_times = next((r["serial_times"] for r in ranks if r["serial_times"]), [])
+    serial_s = common.median(serial_times) if serial_times else None
+    serial_by_part = next((r["serial_by_part"] for r in ranks if r["serial_by_part"]), {})
+    parts: dict[str, float | None] = {}
+    for ph in ("fwd", "bwd"):
+        for part in PARTS:
+            parts[f"{ph}_s_{part}"] = max(r["by_part"][ph].get(part, 0.0) for r in ranks)
+            parts[f"serial_{ph}_s_{part}"] = (
+                serial_by_part[ph].get(part, 0.0) if serial_by_part else None
+            )
     return {
         "mesh": f"{cp0}x{cp1}",
         "cp0": cp0,
@@ -398,6 +522,11 @@ def run_trunk_benchmark(
         "first_step_s": first.wall,
         "time_s": common.median(times) if times else None,
         "times": times,
+        "serial_time_s": serial_s,
+        "serial_times": serial_times,
+        "time_over_serial": common.median(times) / serial_s if serial_s and times else None,
+        "threads": torch.get_num_threads(),
+        "serial_threads": common.machine_threads() if mesh.device.type == "cpu" else None,
         "param_bytes": param_bytes,
         "held_MiB": largest("held"),
         "step_peak_MiB": common.median(step_maxima) / MIB if memory else None,
@@ -407,6 +536,7 @@ def run_trunk_benchmark(
         ),
         "peaks_MiB": [v / MIB for v in peak_maxima],
         "shard_MiB": largest("shard"),
+        **parts,
         "ranks": [{k: r[k] for k in ("rank", "coord", "held", "step_peaks")} for r in ranks],
     }
 
@@ -427,6 +557,8 @@ COLUMNS = [
     ("target_text", "target"),
     ("target_met", "met"),
     ("time_s", "step s (median)"),
+    ("serial_time_s", "serial trunk step s (median)"),
+    ("time_over_serial", "step: this / serial"),
     ("loss", "loss"),
     ("loss_rel_diff_text", "rel. diff. to serial loss"),
     ("loss_ok", "loss within 1e-4"),
@@ -446,11 +578,42 @@ _STORED = [k for k, _ in COLUMNS] + [
     "losses_agree",
     "first_step_s",
     "times",
+    "serial_times",
+    "threads",
+    "serial_threads",
     "param_bytes",
     "shard_MiB",
     "peaks_MiB",
     "ranks",
     "command",
+    *[f"{pre}{ph}_s_{part}" for pre in ("", "serial_") for ph in ("fwd", "bwd") for part in PARTS],
+]
+
+
+def part_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (mesh, sizes, N, phase) with a breakdown: ms per step by part
+    (:data:`PARTS`, the slowest rank's), and the serial trunk's row of the same launch."""
+    out = []
+    for r in rows:
+        for prefix, label in (("", r["mesh"]), ("serial_", f"serial trunk ({r['mesh']} launch)")):
+            for ph, name in (("fwd", "forward"), ("bwd", "backward")):
+                if r.get(f"{prefix}{ph}_s_{PARTS[0]}") is None:
+                    continue
+                item = {"mesh": label, "config": r["config"], "N": r["N"], "phase": name}
+                for part in PARTS:
+                    item[part] = 1e3 * r[f"{prefix}{ph}_s_{part}"]
+                item["total"] = sum(item[part] for part in PARTS)
+                out.append(item)
+    return out
+
+
+PART_COLUMNS = [
+    ("mesh", "mesh"),
+    ("config", "sizes"),
+    ("N", "N"),
+    ("phase", "phase"),
+    *[(p, f"pairformer {p}" if p in CATEGORIES else p) for p in PARTS],
+    ("total", "step phase total"),
 ]
 
 
@@ -674,7 +837,8 @@ def draw(
     axes[1].set_ylabel("peak per rank: this mesh / 1x1")
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle(f"Boltz-2 trunk training step (fwd + bwd, distogram loss), sizes {BASE.label()}")
     return common.save_figure(fig, path, dpi=100)
 
@@ -918,6 +1082,23 @@ def write_results(
             ("Runs", environment),
             ("Memory, time and loss per rank", common.markdown_table(COLUMNS, merged)),
             ("Targets", "\n".join(targets)),
+            (
+                "Step time against the serial trunk (Boltz's modules on the whole sample, "
+                "timed in the same launch)",
+                common.step_time_lines(
+                    merged,
+                    lambda r: f"{r['mesh']} {r['config']} N={r['N']}",
+                    "s",
+                    "time_s",
+                    "serial_time_s",
+                    "time_over_serial",
+                ),
+            ),
+            (
+                "ms per step by part (slowest rank; one step with hooks; the Pairformer's ops "
+                "summed over its layers)",
+                common.markdown_table(PART_COLUMNS, part_rows(merged)),
+            ),
             *sections,
             ("Every timed step (s, max over ranks)", timings),
         ],
@@ -980,6 +1161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=args.seed,
                 init_noise=args.init_noise,
                 serial_check=not args.no_serial_check,
+                serial_time=not args.no_serial_time,
                 memory=not args.no_memory,
                 memory_steps=args.memory_steps,
             )
@@ -989,7 +1171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{row['mesh']} {row['config']} N={row['N']} A={row['A']} "
                     f"peak {row['peak_MiB'] or 0:.1f} MiB/rank (held {row['held_MiB'] or 0:.1f}, "
                     f"step {row['step_peak_MiB'] or 0:.1f}) step {row['time_s'] or 0:.2f} s "
-                    f"loss {row['loss']:.6f} serial {row['serial_loss']}",
+                    f"loss {row['loss']:.6f} serial {row['serial_loss']} "
+                    f"step / serial {common.fmt(row['time_over_serial'])}",
                     flush=True,
                 )
                 paths = write_results(rows, command, args.results, args.budget_mib, param_count)

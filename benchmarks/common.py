@@ -127,6 +127,27 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def machine_threads() -> int:
+    """The cores this process may use (a serial CPU run's intra-op threads)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+@contextlib.contextmanager
+def whole_machine(device: torch.device) -> Iterator[int | None]:
+    """Run a serial reference with every core on CPU (torchrun gives each of several ranks
+    one thread: together they use the machine, and so must the serial run it is compared
+    with); yields the thread count (``None`` off CPU, where nothing changes)."""
+    if device.type != "cpu":
+        yield None
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(machine_threads())
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
+
+
 @contextlib.contextmanager
 def _quiet_stderr() -> Iterator[None]:
     """Silence file descriptor 2 (the profiler's start/stop lines come from C++)."""
@@ -454,9 +475,46 @@ def add_output_arguments(parser: argparse.ArgumentParser, timeout_s: float = 900
 
 
 def add_step_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--no-serial-check`` and ``--no-memory`` of the training-step benchmarks."""
+    """Add ``--no-serial-check``, ``--no-serial-time`` and ``--no-memory`` of the
+    training-step benchmarks."""
     parser.add_argument("--no-serial-check", action="store_true", help="skip the serial loss")
+    parser.add_argument(
+        "--no-serial-time", action="store_true", help="skip timing the serial module"
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory step")
+
+
+STEP_TIME_TARGETS = {"1x1": 1.1, "2x2": 1.0}
+"""Largest step time over the serial Boltz module's (one launch, medians) per mesh."""
+
+
+def step_time_lines(
+    rows: Iterable[Mapping[str, Any]],
+    label: Callable[[Mapping[str, Any]], str],
+    unit: str,
+    this: str,
+    serial: str,
+    ratio: str,
+) -> str:
+    """One line per row with a serial timing: this mesh's step, the serial module's, their
+    ratio and the verdict against :data:`STEP_TIME_TARGETS` (rows of other meshes: no
+    verdict)."""
+    lines = []
+    for r in rows:
+        if not r.get(serial):
+            continue
+        target = STEP_TIME_TARGETS.get(r["mesh"])
+        verdict = (
+            f", target <= {target:.1f}: {'met' if r[ratio] <= target else 'NOT met'}"
+            if target is not None and r.get(ratio) is not None
+            else ""
+        )
+        lines.append(
+            f"- {label(r)}: step {fmt(r.get(this))} {unit} ({r.get('threads')} thread(s) per "
+            f"process), serial Boltz {fmt(r.get(serial))} {unit} "
+            f"({r.get('serial_threads') or '-'} thread(s)), ratio {fmt(r.get(ratio))}{verdict}"
+        )
+    return "\n".join(lines) or "no row with a serial timing"
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser, tokens: Sequence[int]) -> None:

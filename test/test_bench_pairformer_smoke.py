@@ -18,13 +18,13 @@ if ROOT not in sys.path:
 pytest.importorskip("boltz.model.layers.pairformer")
 
 from benchmarks.bench_pairformer import (  # noqa: E402
-    CATEGORIES,
     PairformerSizes,
     pair_inputs,
     run_pairformer_benchmark,
     with_ratios,
     write_results,
 )
+from benchmarks.op_scopes import CATEGORIES  # noqa: E402
 
 N = 19  # uneven blocks on 2x2: 10 + 9
 SEED = 5

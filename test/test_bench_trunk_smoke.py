@@ -16,6 +16,7 @@ if ROOT not in sys.path:
 pytest.importorskip("boltz.model.modules.trunkv2")
 
 from benchmarks.bench_trunk import (  # noqa: E402
+    PARTS,
     TrunkSizes,
     run_trunk_benchmark,
     write_results,
@@ -42,10 +43,19 @@ MEMORY_STEPS = 2
 def test_trunk_benchmark_matches_the_serial_loss_and_keeps_the_median_peak(fold_mesh, tmp_path):
     row = run_trunk_benchmark(fold_mesh, N, sizes=SIZES, repeats=1, memory_steps=MEMORY_STEPS)
     problems = []
-    for key in ("held_MiB", "step_peak_MiB", "peak_MiB", "time_s", "loss", "serial_loss"):
+    for key in ("held_MiB", "step_peak_MiB", "peak_MiB", "time_s", "loss", "serial_loss",
+                "serial_time_s", "time_over_serial"):  # fmt: skip
         value = row.get(key)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             problems.append(f"{key} = {value!r}")
+    if len(row["serial_times"]) != 1 or row["time_over_serial"] != (
+        row["time_s"] / row["serial_time_s"]
+    ):
+        problems.append(f"serial times {row['serial_times']}, ratio {row['time_over_serial']}")
+    for prefix in ("", "serial_"):  # every stage and Pairformer op ran in the forward
+        idle = [p for p in PARTS if not row[f"{prefix}fwd_s_{p}"] > 0]
+        if idle or not row[f"{prefix}bwd_s_tri_att_start"] > 0:
+            problems.append(f"{prefix}breakdown: no forward time in {idle}")
     if not row["losses_agree"] or not row["loss_ok"]:
         problems.append(f"loss {row['loss']} vs serial {row['serial_loss']}")
     peaks = row["peaks_MiB"]
@@ -64,6 +74,10 @@ def test_trunk_benchmark_matches_the_serial_loss_and_keeps_the_median_peak(fold_
         text = md.read_text()
         if "| 2x2 |" not in text or "range over steps" not in text:
             problems.append("the table misses the 2x2 row or the range of the peaks")
+        if "| serial trunk (2x2 launch) |" not in text or "pairformer tri_mul_out" not in text:
+            problems.append("the breakdown by part misses the serial trunk's rows")
+        if f"ratio {row['time_over_serial']:.3f}, target <= 1.0: " not in text:
+            problems.append("the step time against the serial trunk is missing")
         if png.read_bytes()[:4] != b"\x89PNG":
             problems.append("the PNG is missing")
     collective_assert(not problems, "; ".join(problems))
