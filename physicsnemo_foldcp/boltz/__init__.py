@@ -23,12 +23,12 @@ from physicsnemo_foldcp.ops.modules import register_module_handler, unregister_m
 HANDLER_MODULES: tuple[str, ...] = (
     "atom_attention",
     "attention_pair_bias",
+    "checkpointed_layers",
     "confidence",
     "contact_conditioning",
     "diffusion",
     "outer_product_mean",
     "pair_averaging",
-    "pairformer",
     "templates",
     "triangle_attention",
     "triangle_mult",

@@ -28,9 +28,13 @@ padding check reads the plan (the pads in the ``atom_to_token`` map's tag): no
 communication, no host sync (for a sample that did not come from the scatter, one small
 all-gather over ``cp0`` of the mask's flags).
 
-Only the trunk's encoder runs here: an ``AtomEncoder`` with ``structure_prediction=True``
-(the diffusion module's, whose ``z_to_p`` reads the pair band) and a transformer call with
-``multiplicity > 1`` or a conditioning cache are refused with a clear error.
+Both encoders run here: the trunk's, and the diffusion conditioning's
+(``structure_prediction=True``), whose ``z_to_p`` reads the pair entry of each (query,
+key) token pair of a window (:func:`pair_of_windows`: one all-reduce over ``cp1``). The
+transformer takes ``multiplicity > 1`` (the window bias repeated over the samples, as
+Boltz does); Boltz's denoiser conditioning cache is refused with a clear error. The
+windows of a ``cp0`` row block run on each of its ``cp1`` ranks: that work is repeated
+``cp1`` times (the trunk benchmark's FLOP table shows it).
 """
 
 from __future__ import annotations
@@ -350,18 +354,32 @@ def atom_transformer(
         keys = windows.window_keys(x.reshape(b, count * w, -1))
         return keys.reshape(b * count, h, -1)
 
-    params = tile_parameters(module, q.device_mesh, (ROWS,))
-    call = submodule_caller(module, params)
-    out = call(
-        "diffusion_transformer",
-        a=windows.to_windows(q).reshape(b * count, w, -1),
-        s=windows.to_windows(c).reshape(b * count, w, -1),
-        bias=bias_local.reshape(b * count, w, h, -1),
-        mask=windows.to_windows(local_of(mask).float()).reshape(b * count, w),
-        multiplicity=1,
-        to_keys=window_keys,
-        conditioning_cache=None,
+    transformer = module.diffusion_transformer
+
+    def run(a: torch.Tensor, s: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor):
+        """The transformer on this rank's windows, its parameters' gradients reduced."""
+        call = submodule_caller(module, tile_parameters(module, q.device_mesh, (ROWS,)))
+        checkpointing = transformer.activation_checkpointing
+        transformer.activation_checkpointing = False  # checkpointed around ``run`` instead
+        try:
+            return call("diffusion_transformer", a=a, s=s, bias=bias, mask=mask,
+                        multiplicity=1, to_keys=window_keys, conditioning_cache=None)  # fmt: skip
+        finally:
+            transformer.activation_checkpointing = checkpointing
+
+    inputs = (
+        windows.to_windows(q).reshape(b * count, w, -1),
+        windows.to_windows(c).reshape(b * count, w, -1),
+        bias_local.reshape(b * count, w, h, -1),
+        windows.to_windows(local_of(mask).float()).reshape(b * count, w),
     )
+    if transformer.activation_checkpointing and transformer.training:
+        # Boltz's reentrant checkpoint would recompute each layer with the module's own
+        # parameters, past the reduction of their gradients over cp0; the non-reentrant
+        # one recomputes only the saved tensors, and the gradients take the forward's path.
+        out = torch.utils.checkpoint.checkpoint(run, *inputs, use_reentrant=False)
+    else:
+        out = run(*inputs)
     return windows.to_atoms(out.reshape(b, count * w, dim), q)
 
 

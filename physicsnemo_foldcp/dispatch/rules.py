@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from physicsnemo.domain_parallel import ShardTensor
 
 from physicsnemo_foldcp.core import compat
-from physicsnemo_foldcp.core.blocks import ShardingLayoutError, describe
+from physicsnemo_foldcp.core.blocks import ShardingLayoutError, block_of_whole, describe
 from physicsnemo_foldcp.core.events import op_name
 from physicsnemo_foldcp.core.tensor import (
     BACKWARD,
@@ -238,9 +238,18 @@ def _backward(func: Callable, args: tuple, kwargs: dict) -> Any:
             return t
         return t.to_local() if differentiable else compat.local_tensor(t)
 
+    def local_grad(t: Any, g: Any) -> Any:
+        # A plain gradient of a ShardTensor's global shape (autograd materialises zeros
+        # of that shape for an output nothing used, e.g. a checkpointed layer's last MSA
+        # track): this rank's block of it.
+        whole = isinstance(t, ShardTensor) and isinstance(g, torch.Tensor)
+        if whole and not isinstance(g, ShardTensor) and g.shape == t.shape:
+            return block_of_whole(g, t)
+        return local(g, False)
+
     return torch.autograd.backward(
         [local(t, True) for t in tensors],
-        [local(g, False) for g in grads],
+        [local_grad(t, g) for t, g in zip(tensors, grads, strict=False)],
         bound.get("retain_graph"),
         bound.get("create_graph", False),
         inputs=bound.get("inputs"),

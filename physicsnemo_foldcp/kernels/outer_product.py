@@ -81,6 +81,7 @@ from physicsnemo_foldcp.core.blocks import (
     overlap,
     reduce_scatter_blocks,
 )
+from physicsnemo_foldcp.kernels.autocast import backward_in_forward_autocast
 from physicsnemo_foldcp.sharding.plan import split_sizes
 
 # -- geometry --------------------------------------------------------------------------------
@@ -148,6 +149,7 @@ def pair_row_sizes(col_sizes: Sequence[int], cp0: int) -> list[int]:
 # -- communication ---------------------------------------------------------------------------
 
 
+@backward_in_forward_autocast
 class MsaOperands(torch.autograd.Function):
     """``a`` of the tile's token rows and ``b`` of its columns, for every MSA row.
 
@@ -249,6 +251,7 @@ class MsaOperands(torch.autograd.Function):
 # -- the local contraction -------------------------------------------------------------------
 
 
+@backward_in_forward_autocast
 class OuterProductTile(torch.autograd.Function):
     """``sum_s a[s, i] (x) b[s, j]`` projected by ``weight``, divided by ``count``: local.
 

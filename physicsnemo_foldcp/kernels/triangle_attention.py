@@ -91,6 +91,7 @@ from physicsnemo_foldcp.core.blocks import (
     overlap,
     reduce_scatter_blocks,
 )
+from physicsnemo_foldcp.kernels.autocast import backward_in_forward_autocast
 from physicsnemo_foldcp.kernels.budget import pieces_width, report_pieces
 
 SCORE_COPIES = 2
@@ -164,6 +165,7 @@ class Layout:
 # -- the bias strip --------------------------------------------------------------------------
 
 
+@backward_in_forward_autocast
 class QueryStrip(torch.autograd.Function):
     """From the bias tile to the bias rows of this rank's queries, all keys.
 
@@ -345,6 +347,7 @@ def _logits(
     return logits
 
 
+@backward_in_forward_autocast
 class StreamedAttention(torch.autograd.Function):
     """Softmax attention over keys streamed along a mesh dim, with an online softmax.
 

@@ -101,6 +101,7 @@ from physicsnemo_foldcp.core.blocks import (
     gather_blocks,
     reduce_scatter_blocks,
 )
+from physicsnemo_foldcp.kernels.autocast import backward_in_forward_autocast
 from physicsnemo_foldcp.kernels.budget import pieces_count, report_pieces
 from physicsnemo_foldcp.sharding.plan import split_sizes
 
@@ -233,6 +234,7 @@ def _local_indices(
     )
 
 
+@backward_in_forward_autocast
 class PanelProduct(torch.autograd.Function):
     """``out[x, y] = sum_k s[x, k] m[y, k]`` of two pair tiles, ``s`` stationary.
 
