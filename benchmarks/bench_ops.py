@@ -110,6 +110,19 @@ class CollectiveBytes(CommDebugMode):
         super().__init__()
         self.groups = dict(groups)
         self.records: list[tuple[str, str, int]] = []
+        # CommDebugMode's own module tracker puts a full backward pre-hook on every module,
+        # which passes each module's outputs through an autograd Function that returns
+        # them as they are; Boltz's in-place ``q /= ...`` on a view of such an output is
+        # then refused by autograd, and a layer Boltz checkpoints (its forward under
+        # ``no_grad``) fails the tracker's hook registration. Nothing here reads the
+        # tracker's attribution, so it is entered and left once (its state is then what
+        # CommDebugMode's counting reads: every collective in the "Global" module) and
+        # CommDebugMode's own calls to enter and leave it do nothing.
+        tracker = self.advanced_module_tracker
+        type(tracker).__enter__(tracker)
+        type(tracker).__exit__(tracker)
+        tracker.__enter__ = lambda *args: tracker
+        tracker.__exit__ = lambda *args: None
 
     def _label(self, args: Sequence[Any]) -> str:
         for a in args:

@@ -285,18 +285,6 @@ class ScopedCollectiveBytes(CollectiveBytes):
         super().__init__(groups)
         self.where = where
         self.scopes: list[Scope] = []
-        # CommDebugMode's own module tracker puts a full backward pre-hook on every module,
-        # which passes each module's outputs through an autograd Function that returns
-        # them as they are; Boltz's in-place ``q /= ...`` on a view of such an output is
-        # then refused by autograd. Attribution here is OpScopes', so the tracker is
-        # entered and left once (its state is then what CommDebugMode's counting reads:
-        # every collective in the "Global" module) and CommDebugMode's own calls to enter
-        # and leave it do nothing.
-        tracker = self.advanced_module_tracker
-        type(tracker).__enter__(tracker)
-        type(tracker).__exit__(tracker)
-        tracker.__enter__ = lambda *args: tracker
-        tracker.__exit__ = lambda *args: None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         before = len(self.records)

@@ -409,11 +409,15 @@ def merge_summary(
     key: Sequence[str],
     columns: Sequence[tuple[str, str]],
     results: Path = RESULTS,
+    *,
+    replace: bool = False,
+    first: bool = False,
 ) -> Path:
     """Merge ``rows`` into ``results/summary.json`` and re-render ``results/summary.md``.
 
-    Rows of ``benchmark`` with the same values of ``key`` are replaced; other rows and
-    other benchmarks' sections are kept.
+    Rows of ``benchmark`` with the same values of ``key`` are replaced (with ``replace``,
+    all of its rows); other rows and other benchmarks' sections are kept. A section stored
+    with ``first`` comes before the others in the markdown (the others by name).
 
     Returns
     -------
@@ -426,13 +430,14 @@ def merge_summary(
     section = store.setdefault(benchmark, {"columns": [], "rows": []})
     section["columns"] = [list(c) for c in columns]
     section["key"] = list(key)
+    section["first"] = first
     fresh = {tuple(r.get(k) for k in key) for r in rows}
-    kept = [r for r in section["rows"] if tuple(r.get(k) for k in key) not in fresh]
+    kept = [r for r in section["rows"] if not replace and tuple(r.get(k) for k in key) not in fresh]
     merged = kept + [dict(r) for r in rows]
     section["rows"] = sorted(merged, key=lambda r: tuple(_sort_key(r.get(k)) for k in key))
     store_path.write_text(json.dumps(store, indent=1, sort_keys=True))
     body = []
-    for name in sorted(store):
+    for name in sorted(store, key=lambda name: (not store[name].get("first"), name)):
         sec = store[name]
         cols = [tuple(c) for c in sec["columns"]]
         body.append((name, markdown_table(cols, sec["rows"])))

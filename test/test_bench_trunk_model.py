@@ -105,3 +105,52 @@ def test_largest_fitting_is_the_last_size_in_budget():
     assert largest_fitting(predict, 0.0, low=8, high=4096) is None
     with pytest.raises(ValueError, match="missing"):
         model_from_mapping({"const": 1.0})
+
+
+def test_scenarios_scale_and_checkpoint_the_fitted_terms():
+    import math
+
+    from benchmarks.bench_trunk import BASE, Prediction, scenario_bytes
+
+    model = model_from_mapping(TRUE)
+    shape = StepShape(96, 960, 32, 2, 2, pairformer_blocks=1, msa_blocks=1, param_bytes=3e6)
+    plain = scenario_bytes(model, shape, BASE, Prediction("fp32"))
+    assert plain == pytest.approx(model.predict(shape))
+    half = scenario_bytes(model, shape, BASE, Prediction("bf16", scale=0.5))
+    assert half == pytest.approx(3e6 + 0.5 * (plain - 3e6))
+    # One block of each stack: checkpointing only adds the two blocks' saved inputs.
+    checked = scenario_bytes(model, shape, BASE, Prediction("ckpt", checkpoint=True))
+    saved = 48 * 48 * BASE.token_z * 2 + math.ceil(32 / 2) * 48 * BASE.msa_s
+    assert checked - plain == pytest.approx(4.0 * saved)
+    # More blocks: the unchecked step grows by whole blocks, the checkpointed one by inputs.
+    deep = shape.with_(pairformer_blocks=8)
+    grown = scenario_bytes(model, deep, BASE, Prediction("fp32")) - plain
+    grown_checked = scenario_bytes(model, deep, BASE, Prediction("c", checkpoint=True)) - checked
+    assert grown_checked == pytest.approx(4.0 * 48 * 48 * BASE.token_z * 7)
+    assert grown > grown_checked
+
+
+def test_modes_are_compared_side_by_side_and_named_in_the_basis():
+    import dataclasses
+    import json
+
+    from benchmarks.bench_trunk import BASE, SCENARIOS, basis_of, precision_rows
+
+    def row(mesh, n, peak, **mode):
+        sizes = dataclasses.replace(BASE, **mode)
+        return {"mesh": mesh, "ranks_n": int(mesh[0]) ** 2, "N": n, "peak_MiB": peak,
+                "sizes": json.dumps(sizes.to_dict()), "peak_this_over_1x1": peak / 100}  # fmt: skip
+
+    rows = [row("1x1", 64, 100.0), row("1x1", 64, 40.0, checkpointing=True),
+            row("1x1", 64, 70.0, precision="bf16"), row("2x2", 64, 30.0)]  # fmt: skip
+    (table,) = precision_rows(rows)  # 2x2 has one mode only: no row
+    assert (table["mesh"], table["N"], table["config"]) == ("1x1", 64, BASE.label())
+    assert table["fp32 ckpt / fp32"] == pytest.approx(0.4)
+    assert table["bf16 / fp32"] == pytest.approx(0.7)
+    assert table["bf16 ckpt peak"] is None
+    checks = [{"mode": "fp32 ckpt", "N": 64, "mesh": "1x1", "error": 0.12},
+              {"mode": "fp32 ckpt", "N": 128, "mesh": "2x2", "error": -0.03}]  # fmt: skip
+    checkpointed = next(s for s in SCENARIOS if s.checkpoint and s.scale == 1.0)
+    assert "fp32 ckpt measured at 2 points (N <= 128, 1x1, 2x2)" in basis_of(checkpointed, checks)
+    assert "-3 to +12 %" in basis_of(checkpointed, checks)
+    assert basis_of(SCENARIOS[-1], checks) == "extrapolated; bf16 ckpt not measured"

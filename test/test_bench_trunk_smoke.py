@@ -1,5 +1,6 @@
 """The trunk benchmark at a tiny size: the loss is the serial trunk's, the peaks add up."""
 
+import dataclasses
 import math
 import statistics
 import sys
@@ -56,6 +57,14 @@ def test_trunk_benchmark_matches_the_serial_loss_and_keeps_the_median_peak(fold_
         idle = [p for p in PARTS if not row[f"{prefix}fwd_s_{p}"] > 0]
         if idle or not row[f"{prefix}bwd_s_tri_att_start"] > 0:
             problems.append(f"{prefix}breakdown: no forward time in {idle}")
+    ratio = row["flop_ratio"]
+    if not (isinstance(ratio, float) and 0.999 <= ratio < 2 and row["serial_flops_tri_mul_in"]):
+        problems.append(f"FLOPs of all ranks over serial {ratio}")
+    traffic = {k: row[k] for k in ("collectives", "collective_bytes", "p2p", "p2p_bytes")}
+    if not all(isinstance(v, int) and v > 0 for v in traffic.values()):
+        problems.append(f"a 2x2 trunk step communicates: counted {traffic}")
+    if not 0 <= row["host_syncs"] <= row["serial_host_syncs"]:
+        problems.append(f"host syncs {row['host_syncs']}, serial {row['serial_host_syncs']}")
     if not row["losses_agree"] or not row["loss_ok"]:
         problems.append(f"loss {row['loss']} vs serial {row['serial_loss']}")
     peaks = row["peaks_MiB"]
@@ -69,13 +78,27 @@ def test_trunk_benchmark_matches_the_serial_loss_and_keeps_the_median_peak(fold_
     ]
     if [v / 2**20 for v in largest] != peaks:
         problems.append(f"per-step peaks {peaks} are not the largest over the ranks {largest}")
+    # The same step checkpointed in bf16: the loss within the bf16 tolerance of serial bf16.
+    mode = dataclasses.replace(SIZES, checkpointing=True, precision="bf16")
+    other = run_trunk_benchmark(
+        fold_mesh, N, sizes=mode, repeats=1, memory_steps=1, serial_time=False, flops=False
+    )
+    if not other["loss_ok"] or other["loss"] == row["loss"]:
+        problems.append(f"bf16 checkpointed loss {other['loss']}, fp32 {row['loss']}")
     if fold_mesh.rank == 0:
-        md, png, _ = write_results([row], "test", Path(tmp_path))
+        md, png, summary = write_results([row, other], "test", Path(tmp_path))
         text = md.read_text()
+        headline = summary.read_text().split("\n## ")[1]
+        if not headline.startswith("trunk step per mesh") or "| 2x2 | 29 |" not in headline:
+            problems.append(f"the summary does not open with the per-mesh line: {headline[:200]}")
         if "| 2x2 |" not in text or "range over steps" not in text:
             problems.append("the table misses the 2x2 row or the range of the peaks")
         if "| serial trunk (2x2 launch) |" not in text or "pairformer tri_mul_out" not in text:
             problems.append("the breakdown by part misses the serial trunk's rows")
+        if "| 2x2 | z8 s16 msa8x1 S6 pf1 | 29 |" not in text.split("bf16 ckpt / fp32")[-1]:
+            problems.append("the checkpointing and bf16 table misses the 2x2 row")
+        if "| all ranks / serial |" not in text:
+            problems.append("the FLOP table is missing")
         if f"ratio {row['time_over_serial']:.3f}, target <= 1.0: " not in text:
             problems.append("the step time against the serial trunk is missing")
         if png.read_bytes()[:4] != b"\x89PNG":
