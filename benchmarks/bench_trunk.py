@@ -204,6 +204,15 @@ class TrunkSizes:
         )
 
     @property
+    def mode(self) -> str:
+        """``"fp32"``, ``"fp32 ckpt"``, ``"bf16"`` or ``"bf16 ckpt"`` (:func:`mode_name`)."""
+        return mode_name(self.checkpointing, self.precision)
+
+    def plain(self) -> TrunkSizes:
+        """The same sizes in fp32 without checkpointing (what the modes are compared to)."""
+        return dataclasses.replace(self, checkpointing=False, precision="fp32")
+
+    @property
     def measured_as_modelled(self) -> bool:
         """fp32 without checkpointing: the setting the memory model describes."""
         return self.precision == "fp32" and not self.checkpointing
@@ -392,7 +401,7 @@ def step_traffic(
     model: torch.nn.Module,
     feats: Mapping[str, Any],
     dropout_seed: int,
-    groups: Mapping[str, str] | None,
+    groups: Mapping[str, str],
 ) -> dict[str, int]:
     """What one training step asks of the network and the host, on this rank.
 
@@ -400,9 +409,9 @@ def step_traffic(
     ----------
     model, feats, dropout_seed
         As :func:`step_loss`.
-    groups : Mapping[str, str] or None
-        Process-group labels (:func:`benchmarks.bench_ops.group_labels`) to count the
-        collectives with; ``None`` for the serial trunk (no process group: host syncs only).
+    groups : Mapping[str, str]
+        Process-group labels (:func:`benchmarks.bench_ops.group_labels`; empty for the
+        serial trunk, which makes no collective).
 
     Returns
     -------
@@ -412,14 +421,13 @@ def step_traffic(
         received), ``host_syncs`` (tensor-to-host conversions and data-dependent shapes,
         :func:`~physicsnemo_foldcp.testing.host_syncs.count_host_syncs`).
     """
-    comm = CollectiveBytes(groups) if groups is not None else contextlib.nullcontext()
     model.zero_grad(set_to_none=True)
-    with comm, count_p2p() as p2p, count_host_syncs() as syncs:
+    with CollectiveBytes(groups) as comm, count_p2p() as p2p, count_host_syncs() as syncs:
         step_loss(model, feats, dropout_seed).backward()
     model.zero_grad(set_to_none=True)
     return {
-        "collectives": len(comm.records) if groups is not None else 0,
-        "collective_bytes": comm.total_bytes() if groups is not None else 0,
+        "collectives": len(comm.records),
+        "collective_bytes": comm.total_bytes(),
         "p2p": p2p["calls"],
         "p2p_bytes": p2p["sent"] + p2p["received"],
         "host_syncs": syncs.total,
@@ -541,7 +549,7 @@ def measure_step(
                 serial_flops = step_flops(serial, whole, dropout_seed)
             if not (serial_time or flops):  # warm-up: count a steady-state step
                 step_loss(serial, whole, dropout_seed).backward()
-            serial_traffic = step_traffic(serial, whole, dropout_seed, None)
+            serial_traffic = step_traffic(serial, whole, dropout_seed, {})
             del serial, whole
     features = fc.scatter_features(sample, mesh)
     del sample
@@ -779,13 +787,13 @@ PART_COLUMNS = [
 ]
 
 
-MODES = ((False, "fp32"), (True, "fp32"), (False, "bf16"), (True, "bf16"))
-"""``(checkpointing, precision)`` of the modes the precision table compares."""
-
-
 def mode_name(checkpointing: bool, precision: str) -> str:
     """``"fp32"``, ``"fp32 ckpt"``, ``"bf16"``, ``"bf16 ckpt"``."""
     return precision + " ckpt" * checkpointing
+
+
+MODES = tuple(mode_name(c, p) for p in ("fp32", "bf16") for c in (False, True))
+"""The modes the precision table compares, fp32 first."""
 
 
 def precision_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -800,16 +808,16 @@ def precision_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not r.get("peak_MiB"):
             continue
         sizes = sizes_of(r)
-        plain = dataclasses.replace(sizes, checkpointing=False, precision="fp32").label()
+        plain = sizes.plain().label()
         key = (r["ranks_n"], r["mesh"], plain, r["N"])
-        groups.setdefault(key, {})[mode_name(sizes.checkpointing, sizes.precision)] = r
+        groups.setdefault(key, {})[sizes.mode] = r
     out = []
     for (_, mesh, plain, n), found in sorted(groups.items()):
         if len(found) < 2:
             continue
         item: dict[str, Any] = {"mesh": mesh, "config": plain, "N": n}
         fp32 = found.get("fp32")
-        for mode in (mode_name(*m) for m in MODES):
+        for mode in MODES:
             r = found.get(mode)
             item[f"{mode} peak"] = r["peak_MiB"] if r else None
             item[f"{mode} / fp32"] = r["peak_MiB"] / fp32["peak_MiB"] if r and fp32 else None
@@ -822,9 +830,9 @@ PRECISION_COLUMNS = [
     ("mesh", "mesh"),
     ("config", "sizes"),
     ("N", "N"),
-    *[(f"{mode_name(*m)} peak", f"{mode_name(*m)}: peak MiB / rank") for m in MODES],
-    *[(f"{mode_name(*m)} / fp32", f"{mode_name(*m)} / fp32") for m in MODES[1:]],
-    *[(f"{mode_name(*m)} this / 1x1", f"{mode_name(*m)}: this / 1x1") for m in MODES],
+    *[(f"{m} peak", f"{m}: peak MiB / rank") for m in MODES],
+    *[(f"{m} / fp32", f"{m} / fp32") for m in MODES[1:]],
+    *[(f"{m} this / 1x1", f"{m}: this / 1x1") for m in MODES],
 ]
 
 
@@ -1066,7 +1074,7 @@ def scenario_bytes(
 def scenario_of(sizes: TrunkSizes) -> Prediction:
     """The scenario that describes a measured mode (bf16: activations at half the bytes)."""
     return Prediction(
-        mode_name(sizes.checkpointing, sizes.precision),
+        sizes.mode,
         scale=0.5 if sizes.precision == "bf16" else 1.0,
         checkpoint=sizes.checkpointing,
     )
@@ -1078,14 +1086,14 @@ def scenario_checks(
     """The scenarios' predictions against the measured peaks of every checkpointed or bf16
     row (and the fp32 rows measured beside them), one row each."""
     plain = {
-        (r["mesh"], dataclasses.replace(sizes_of(r), checkpointing=False, precision="fp32"), r["N"])
+        (r["mesh"], sizes_of(r).plain(), r["N"])
         for r in rows
         if not sizes_of(r).measured_as_modelled
     }
     out = []
     for r in rows:
         sizes = sizes_of(r)
-        key = (r["mesh"], dataclasses.replace(sizes, checkpointing=False, precision="fp32"), r["N"])
+        key = (r["mesh"], sizes.plain(), r["N"])
         if key not in plain or not r.get("peak_MiB"):
             continue
         predicted = scenario_bytes(model, step_shape(r), sizes, scenario_of(sizes)) / MIB
@@ -1094,7 +1102,7 @@ def scenario_checks(
                 "mesh": r["mesh"],
                 "config": key[1].label(),
                 "N": r["N"],
-                "mode": mode_name(sizes.checkpointing, sizes.precision),
+                "mode": sizes.mode,
                 "measured": r["peak_MiB"],
                 "predicted": predicted,
                 "error": predicted / r["peak_MiB"] - 1,

@@ -356,13 +356,13 @@ def atom_transformer(
 
     transformer = module.diffusion_transformer
 
-    def run(a: torch.Tensor, s: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor):
+    def run(a: torch.Tensor, s: torch.Tensor, window_bias: torch.Tensor, window_mask: torch.Tensor):
         """The transformer on this rank's windows, its parameters' gradients reduced."""
         call = submodule_caller(module, tile_parameters(module, q.device_mesh, (ROWS,)))
         checkpointing = transformer.activation_checkpointing
         transformer.activation_checkpointing = False  # checkpointed around ``run`` instead
         try:
-            return call("diffusion_transformer", a=a, s=s, bias=bias, mask=mask,
+            return call("diffusion_transformer", a=a, s=s, bias=window_bias, mask=window_mask,
                         multiplicity=1, to_keys=window_keys, conditioning_cache=None)  # fmt: skip
         finally:
             transformer.activation_checkpointing = checkpointing

@@ -160,20 +160,6 @@ def mesh_ranks(mesh: DeviceMesh) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(r) for r in row) for row in mesh.mesh.tolist())
 
 
-def block_of_whole(whole: torch.Tensor, like: ShardTensor) -> torch.Tensor:
-    """This rank's block of ``whole``, a plain tensor of ``like``'s global shape.
-
-    A view of ``whole``, cut along each sharded dim by ``like``'s (uneven) block sizes.
-    """
-    coords = like.device_mesh.get_coordinate()
-    for mesh_dim, placement in enumerate(like.placements):
-        if placement.is_shard():
-            dim = placement.dim
-            start, length = block(mesh_sizes(like, mesh_dim, dim), int(coords[mesh_dim]))
-            whole = whole.narrow(dim, start, length)
-    return whole
-
-
 def local_of(x: ShardTensor) -> torch.Tensor:
     """The local block, differentiable when ``x`` requires grad (no communication)."""
     if torch.is_grad_enabled() and x.requires_grad:

@@ -4,7 +4,9 @@ Some of a prediction is O(N) or O(A) and runs serially on every rank of the doma
 same everywhere: the sampler's coordinates ``[M, A, 3]``, the frames of the confidence
 heads. These helpers move such tensors between that plain, replicated form (serial order:
 the scatter keeps it unless atoms are padded per shard) and the row blocks of a scattered
-feature, and say what each move costs. None of them is for a pair tensor.
+feature, and say what each move costs. None of them is for a pair tensor, except
+:func:`block_of_whole`, a view of a whole tensor that is already there (a gradient
+autograd materialised at the global shape).
 """
 
 from __future__ import annotations
@@ -68,6 +70,20 @@ class _WholeOfRows(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         """The adjoint of :meth:`forward`."""
         return grad.narrow(ctx.dim, ctx.start, ctx.length).contiguous(), None, None, None
+
+
+def block_of_whole(whole: torch.Tensor, like: ShardTensor) -> torch.Tensor:
+    """This rank's block of ``whole``, a plain tensor of ``like``'s global shape.
+
+    A view of ``whole``, cut along each sharded dim by ``like``'s (uneven) block sizes.
+    """
+    coords = like.device_mesh.get_coordinate()
+    for mesh_dim, placement in enumerate(like.placements):
+        if placement.is_shard():
+            dim = placement.dim
+            start, length = block(mesh_sizes(like, mesh_dim, dim), int(coords[mesh_dim]))
+            whole = whole.narrow(dim, start, length)
+    return whole
 
 
 def rows_of_whole(x: torch.Tensor, like: ShardTensor, dim: int = 1) -> FoldTensor:

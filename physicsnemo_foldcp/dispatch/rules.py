@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from physicsnemo.domain_parallel import ShardTensor
 
 from physicsnemo_foldcp.core import compat
-from physicsnemo_foldcp.core.blocks import ShardingLayoutError, block_of_whole, describe
+from physicsnemo_foldcp.core.blocks import ShardingLayoutError, describe
 from physicsnemo_foldcp.core.events import op_name
 from physicsnemo_foldcp.core.tensor import (
     BACKWARD,
@@ -54,6 +54,7 @@ from physicsnemo_foldcp.core.tensor import (
     register_rules,
     registered_rules,
 )
+from physicsnemo_foldcp.core.whole import block_of_whole
 from physicsnemo_foldcp.dispatch import blockwise, families
 
 
@@ -239,11 +240,10 @@ def _backward(func: Callable, args: tuple, kwargs: dict) -> Any:
         return t.to_local() if differentiable else compat.local_tensor(t)
 
     def local_grad(t: Any, g: Any) -> Any:
-        # A plain gradient of a ShardTensor's global shape (autograd materialises zeros
-        # of that shape for an output nothing used, e.g. a checkpointed layer's last MSA
-        # track): this rank's block of it.
-        whole = isinstance(t, ShardTensor) and isinstance(g, torch.Tensor)
-        if whole and not isinstance(g, ShardTensor) and g.shape == t.shape:
+        # Autograd materialises a plain gradient of the global shape (zeros) for an output
+        # nothing used, e.g. a checkpointed layer's last MSA track: this rank's block of it.
+        plain = isinstance(g, torch.Tensor) and not isinstance(g, ShardTensor)
+        if plain and isinstance(t, ShardTensor) and g.shape == t.shape:
             return block_of_whole(g, t)
         return local(g, False)
 
