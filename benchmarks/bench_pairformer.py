@@ -115,6 +115,7 @@ from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.features.spec import FeatureSpec
 from physicsnemo_foldcp.kernels.budget import recorded_pieces, set_work_budget, work_budget_mib
 from physicsnemo_foldcp.ops import masked_mean, wrap
+from physicsnemo_foldcp.testing.copies import CopyBytes
 from physicsnemo_foldcp.testing.layouts import TokenLayout
 from physicsnemo_foldcp.training.loop import loss_value, set_precision
 
@@ -209,7 +210,8 @@ def serial_step_times(
     On CPU the serial module runs with every core (:func:`benchmarks.common.whole_machine`).
     One more step runs with :class:`~benchmarks.op_scopes.OpScopes` as a clock: the third result is
     ``{"fwd": {op: seconds}, "bwd": {...}}``, summed over the layers, as the distributed
-    breakdown step gives it.
+    breakdown step gives it, and ``"copy_bytes"``: the bytes one more step's data-moving ops
+    write (:class:`~physicsnemo_foldcp.testing.copies.CopyBytes`).
     """
     whole = [t.to(device) for t in inputs]
     fwd, bwd = [], []
@@ -223,7 +225,10 @@ def serial_step_times(
         with timer.attached():
             timer.take_seconds()
             *_, by_op = _serial_step(module, whole, dropout_seed, device, timer)
+        with CopyBytes() as copies:
+            _serial_step(module, whole, dropout_seed, device)
     module.zero_grad(set_to_none=True)
+    by_op["copy_bytes"] = copies.total
     return fwd, bwd, by_op
 
 
@@ -477,12 +482,13 @@ def run_pairformer_benchmark(
     fresh()
     with scopes.attached(), events.observe(on_gather):
         try:
-            with ScopedCollectiveBytes(groups, lambda: scopes.current) as fwd:
-                loss = forward()
-            scopes.current = (None, OUTSIDE)
-            phase[0] = "backward"
-            with ScopedCollectiveBytes(groups, lambda: scopes.current) as bwd:
-                loss.backward()
+            with CopyBytes(where=lambda: scopes.current[1]) as copies:
+                with ScopedCollectiveBytes(groups, lambda: scopes.current) as fwd:
+                    loss = forward()
+                scopes.current = (None, OUTSIDE)
+                phase[0] = "backward"
+                with ScopedCollectiveBytes(groups, lambda: scopes.current) as bwd:
+                    loss.backward()
         except Exception as exc:
             layer, category = scopes.current
             where = category if layer is None else f"layer {layer} {category}"
@@ -540,6 +546,7 @@ def run_pairformer_benchmark(
         "bwd": bwd.by_scope(),
         "fwd_s": by_category(fwd_seconds),
         "bwd_s": by_category(bwd_seconds),
+        "copies": dict(copies.by_part),
         "fwd_total": fwd.total_bytes(),
         "bwd_total": bwd.total_bytes(),
         "fallbacks": found,
@@ -631,6 +638,10 @@ def run_pairformer_benchmark(
         row[f"{ph}_KiB_outside"] = outside
         row[f"{ph}_KiB_total"] = max(r[f"{ph}_total"] for r in ranks) / 1024
     row["bytes_by_layer"] = by_layer
+    for c in (*CATEGORIES, OUTSIDE):
+        row[f"copy_MiB_{c}"] = max(r["copies"].get(c, 0) for r in ranks) / mib
+    row["copy_MiB_step"] = max(sum(r["copies"].values()) for r in ranks) / mib
+    row["serial_copy_MiB_step"] = source["serial_by_op"]["copy_bytes"] / mib if source else None
     for ph in ("fwd", "bwd"):
         for c in (*CATEGORIES, OUTSIDE):
             per_step = max(r[f"{ph}_s"].get(c, 0.0) for r in ranks)
@@ -653,10 +664,19 @@ COLUMNS = [
     ("bwd_ms_layer", "bwd ms / layer"),
     ("serial_step_ms_layer", "serial Boltz fwd + bwd ms / layer"),
     ("step_over_serial", "step: this / serial Boltz"),
+    ("copy_MiB_step", "MiB copied / step (max rank)"),
+    ("serial_copy_MiB_step", "serial Boltz MiB copied / step"),
     ("fwd_KiB_layer", "fwd KiB moved / layer"),
     ("bwd_KiB_layer", "bwd KiB moved / layer"),
     ("fallback_gathers", "fallback gathers"),
     ("loss_diff_text", "abs(loss - serial)"),
+]
+COPY_COLUMNS = [
+    ("mesh", "mesh"),
+    ("N", "N"),
+    *[(f"copy_MiB_{c}", c) for c in (*CATEGORIES, OUTSIDE)],
+    ("copy_MiB_step", "step (max rank)"),
+    ("serial_copy_MiB_step", "serial Boltz step"),
 ]
 SUMMARY_KEY = ("mesh", "N")
 _STORED = (
@@ -689,6 +709,7 @@ _STORED = (
         "peak_MiB_mean",
         "bytes_by_layer",
     ]
+    + [f"copy_MiB_{c}" for c in (*CATEGORIES, OUTSIDE)]
     + [f"{ph}_KiB_{c}" for ph in ("fwd", "bwd") for c in (*CATEGORIES, "outside", "total")]
     + [f"{ph}_ms_{c}" for ph in ("fwd", "bwd") for c in (*CATEGORIES, OUTSIDE)]
     + [f"serial_{ph}_ms_{c}" for ph in ("fwd", "bwd") for c in (*CATEGORIES, OUTSIDE)]
@@ -892,6 +913,11 @@ def write_results(rows: Sequence[Mapping[str, Any]], command: str, results: Path
             (
                 "KiB moved per layer by op (largest rank, mean over layers)",
                 common.markdown_table(OP_COLUMNS, op_rows(merged)),
+            ),
+            (
+                "MiB copied per step by op (forward + backward, largest rank per op; "
+                "cat, clone, copy_, casts, pads, index_select / index_copy)",
+                common.markdown_table(COPY_COLUMNS, merged),
             ),
             (
                 "ms per layer by op (slowest rank, mean over layers; one step with hooks)",

@@ -46,6 +46,8 @@ FINITE = [
     "serial_loss",
     "serial_step_ms_layer",
     "step_over_serial",
+    "copy_MiB_step",
+    "serial_copy_MiB_step",
 ] + [f"{ph}_KiB_{c}" for ph in ("fwd", "bwd") for c in CATEGORIES]
 
 
@@ -118,6 +120,12 @@ def test_pairformer_benchmark_measures_and_matches_the_serial_loss(fold_mesh, tm
     for key in ("fwd_KiB_tri_mul_out", "fwd_KiB_tri_mul_in", "fwd_KiB_attention"):
         if not row[key] > 0:
             problems.append(f"{key} = {row[key]}")
+    # Copies are counted per op, and the step's total is the largest rank's sum.
+    if not (row["copy_MiB_tri_att_start"] > 0 and row["serial_copy_MiB_step"] > 0):
+        problems.append(f"copies {row['copy_MiB_tri_att_start']}, {row['serial_copy_MiB_step']}")
+    largest = max(sum(r["copies"].values()) for r in row["ranks"]) / 2**20
+    if row["copy_MiB_step"] != largest:
+        problems.append(f"copies per step {row['copy_MiB_step']} != {largest}")
     for r in row["ranks"]:
         for ph in ("fwd", "bwd"):
             if sum(r[ph].values()) != r[f"{ph}_total"]:

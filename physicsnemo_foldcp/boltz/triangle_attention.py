@@ -170,7 +170,8 @@ def triangle_attention(
     k = call("mha.linear_k", normed)
     v = call("mha.linear_v", normed)
     score_bytes_per_key = b * n * heads * m * q.element_size()
-    stream = Stream.of(layout, score_bytes_per_key, module.inf)
+    key_column_bytes = b * n * (2 * heads * hidden + 1) * k.element_size()
+    stream = Stream.of(layout, score_bytes_per_key, module.inf, key_column_bytes)
     o = StreamedAttention.apply(
         q, k, v, key_mask.to(k.dtype).contiguous(), strip, stream
     ).transpose(2, 3)

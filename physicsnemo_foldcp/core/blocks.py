@@ -200,6 +200,35 @@ def tile_shapes(
     }
 
 
+def start_gather_blocks(
+    local: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh, mesh_dim: int
+) -> torch.Tensor:
+    """Start :func:`gather_blocks` and return at once; :func:`gathered_blocks` finishes it.
+
+    The block is padded to the largest along ``dim`` (a copy only when it is shorter) and
+    ONE ``all_gather_into_tensor`` over ``mesh_dim`` starts; compute issued before
+    :func:`gathered_blocks` overlaps the transfer. Arguments as :func:`gather_blocks`.
+    """
+    if len(sizes) == 1:
+        return local
+    widest = max(sizes)
+    padded = local
+    if local.shape[dim] < widest:
+        pad_shape = list(local.shape)
+        pad_shape[dim] = widest - local.shape[dim]
+        padded = torch.cat([local, local.new_zeros(pad_shape)], dim=dim)
+    return compat.start_all_gather(padded, mesh, mesh_dim)
+
+
+def gathered_blocks(started: torch.Tensor, dim: int, sizes: Sequence[int]) -> torch.Tensor:
+    """Finish :func:`start_gather_blocks`: wait, then join the unpadded blocks (one copy)."""
+    if len(sizes) == 1:
+        return started
+    gathered = compat.wait(started)
+    per_rank = gathered.unflatten(0, (len(sizes), gathered.shape[0] // len(sizes)))
+    return torch.cat([per_rank[r].narrow(dim, 0, n) for r, n in enumerate(sizes)], dim=dim)
+
+
 def gather_blocks(
     local: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh, mesh_dim: int
 ) -> torch.Tensor:
@@ -226,17 +255,38 @@ def gather_blocks(
         The full length ``sum(sizes)`` along ``dim``, identical on the ranks along
         ``mesh_dim`` (no communication when there is one block).
     """
+    return gathered_blocks(start_gather_blocks(local, dim, sizes, mesh, mesh_dim), dim, sizes)
+
+
+def start_reduce_scatter_blocks(
+    full: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh, mesh_dim: int
+) -> torch.Tensor:
+    """Start :func:`reduce_scatter_blocks`; :func:`reduce_scattered_blocks` finishes it.
+
+    The blocks of ``full`` are copied once into a ``[ranks, ...]`` buffer, each padded to
+    the largest, and ONE ``reduce_scatter_tensor`` over ``mesh_dim`` starts on it.
+    Arguments as :func:`reduce_scatter_blocks`.
+    """
     if len(sizes) == 1:
-        return local
+        return full
     widest = max(sizes)
-    padded = local
-    if local.shape[dim] < widest:
-        pad_shape = list(local.shape)
-        pad_shape[dim] = widest - local.shape[dim]
-        padded = torch.cat([local, local.new_zeros(pad_shape)], dim=dim)
-    gathered = compat.all_gather(padded, dim, mesh, mesh_dim)
-    pieces = [gathered.narrow(dim, r * widest, n) for r, n in enumerate(sizes)]
-    return torch.cat(pieces, dim=dim)
+    dim %= full.dim()
+    shape = [len(sizes), *full.shape]
+    shape[dim + 1] = widest
+    even = all(n == widest for n in sizes)
+    buffer = full.new_empty(shape) if even else full.new_zeros(shape)
+    for r, (start, n) in enumerate(zip(block_starts(sizes), sizes)):
+        buffer[r].narrow(dim, 0, n).copy_(full.narrow(dim, start, n))
+    return compat.start_reduce_scatter(buffer.flatten(0, 1), mesh, mesh_dim)
+
+
+def reduce_scattered_blocks(
+    started: torch.Tensor, dim: int, sizes: Sequence[int], mesh: DeviceMesh, mesh_dim: int
+) -> torch.Tensor:
+    """Finish :func:`start_reduce_scatter_blocks`: wait, then cut this rank's block (a view)."""
+    if len(sizes) == 1:
+        return started
+    return compat.wait(started).narrow(dim, 0, sizes[mesh.get_coordinate()[mesh_dim]])
 
 
 def reduce_scatter_blocks(
@@ -262,20 +312,8 @@ def reduce_scatter_blocks(
     torch.Tensor
         This rank's block of the sum of the contributions over ``mesh_dim``.
     """
-    if len(sizes) == 1:
-        return full
-    k = mesh.get_coordinate()[mesh_dim]
-    widest = max(sizes)
-    pieces = []
-    for r, n in enumerate(sizes):
-        piece = full.narrow(dim, sum(sizes[:r]), n)
-        if n < widest:
-            pad_shape = list(piece.shape)
-            pad_shape[dim] = widest - n
-            piece = torch.cat([piece, piece.new_zeros(pad_shape)], dim=dim)
-        pieces.append(piece)
-    mine = compat.reduce_scatter(torch.cat(pieces, dim=dim), dim, mesh, mesh_dim)
-    return mine.narrow(dim, 0, sizes[k])
+    started = start_reduce_scatter_blocks(full, dim, sizes, mesh, mesh_dim)
+    return reduce_scattered_blocks(started, dim, sizes, mesh, mesh_dim)
 
 
 def gather_rows(

@@ -198,6 +198,36 @@ def reduce_scatter(t: torch.Tensor, dim: int, mesh: DeviceMesh, mesh_dim: int) -
     return _waited(_reduce_scatter(t.contiguous(), "sum", dim, (mesh, mesh_dim)))
 
 
+def start_all_gather(t: torch.Tensor, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
+    """Start concatenating equal-shaped ``t`` of the ranks along ``mesh_dim`` on dim 0.
+
+    Returns at once; the result ``[ranks * t.shape[0], ...]`` (coordinate order) is filled
+    in the background and must go through :func:`wait` before it is read, so compute issued
+    in between overlaps the transfer. Upstream: ``all_gather_single(t, 0, (mesh,
+    mesh_dim))``. Relied on: for dim 0 it returns an ``AsyncCollectiveTensor`` without
+    waiting and without a copy; CommDebugMode counts it.
+    """
+    return _all_gather(t.contiguous(), 0, (mesh, mesh_dim))
+
+
+def start_reduce_scatter(t: torch.Tensor, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
+    """Start summing ``t`` over the ranks along ``mesh_dim``; rank ``r`` keeps slice ``r`` of dim 0.
+
+    Returns at once (see :func:`start_all_gather`); ``t`` must not be written until the
+    result has been waited. Upstream: ``reduce_scatter_single(t, "sum", 0, (mesh,
+    mesh_dim))``, which for dim 0 neither copies nor waits.
+    """
+    return _reduce_scatter(t.contiguous(), "sum", 0, (mesh, mesh_dim))
+
+
+def wait(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor of a started collective, once it has arrived (``t`` itself if plain).
+
+    Upstream: ``AsyncCollectiveTensor.wait``.
+    """
+    return _waited(t)
+
+
 def all_reduce(t: torch.Tensor, op: str, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
     """Reduce ``t`` (``"sum"``, ``"max"``, ...) over the ranks along ``mesh_dim``, waited.
 

@@ -111,6 +111,11 @@ def pieces_count(total_bytes: int, least: int = 1) -> int:
     return max(int(least), -(-int(total_bytes) // int(_budget_mib * _MIB)))
 
 
+def fits(total_bytes: int) -> bool:
+    """Whether ``total_bytes`` of transient buffers fit the budget in one piece."""
+    return int(total_bytes) <= int(_budget_mib * _MIB)
+
+
 def report_pieces(kernel: str, choice: str) -> None:
     """Tell every :func:`recorded_pieces` block that ``kernel`` cut its work as ``choice``."""
     for record in _records:
@@ -136,6 +141,7 @@ def recorded_pieces() -> Iterator[dict[str, set[str]]]:
 
 __all__ = [
     "DEFAULT_WORK_BUDGET_MIB",
+    "fits",
     "pieces_count",
     "pieces_width",
     "recorded_pieces",

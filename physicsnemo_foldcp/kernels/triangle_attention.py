@@ -31,10 +31,15 @@ Rank ``(i, j)`` computes the outputs of its own tile: rows ``r in R_i``, queries
    sub-chunk of width ``kc`` (the widest that fits the work budget,
    :mod:`~physicsnemo_foldcp.kernels.budget`) gives ``[B, n, H, m, kc]`` logits
    (``q k^T``, then the mask bias, then the triangle bias, in Boltz's order), merged into
-   an online softmax (running max, running sum, running weighted values).
+   an online softmax (running max, running sum, running weighted values). When four
+   streamed buffers fit the work budget (:attr:`Stream.overlap`), the next step's
+   all-gather is started before the current step is computed, so the transfer overlaps
+   the compute; each rank's piece is copied once into the send buffer and the gathered
+   pieces are read in place (no re-layout).
 4. Backward recomputes the logits the same way (flash-attention style, from the saved
    running max and sum): the gradients of the streamed keys and values are
-   reduce-scattered back over ``Q`` per step, the bias strip's gradient goes back through
+   reduce-scattered back over ``Q`` per step (with the overlap, while the next step is
+   computed, into the other of two buffers), the bias strip's gradient goes back through
    the adjoint of step 2 (ONE reduce-scatter, or all-reduce, over ``P``; ONE all-to-all
    over ``Q``).
 
@@ -64,7 +69,8 @@ tiles each), the bias tile (``H / C``) and the strip (``(N / n) H / C``; at most
 that while it is assembled), and two ``n x H x m`` softmax statistics. The peak extra
 while the attention runs is the streamed buffer ``cp1 w x n x F`` (about
 ``(2 H c + 1) / C`` tiles of ``w``-padded key columns, i.e. ~2 tiles for Boltz's
-``H c = C``), a few sub-chunk score tensors of ``n x H x m x kc`` elements (two of them,
+``H c = C``; two of them with the overlap, which is on only while they fit the work
+budget), a few sub-chunk score tensors of ``n x H x m x kc`` elements (two of them,
 the probabilities and their gradient in backward, within the work budget; one key column
 at least) and the ``n x H x m x c`` accumulator; in backward also
 the key/value gradient buffer ``cp1 w x n x 2 H c`` and ``dq, dk, dv`` (a tile each). No
@@ -92,11 +98,15 @@ from physicsnemo_foldcp.core.blocks import (
     reduce_scatter_blocks,
 )
 from physicsnemo_foldcp.kernels.autocast import backward_in_forward_autocast
-from physicsnemo_foldcp.kernels.budget import pieces_width, report_pieces
+from physicsnemo_foldcp.kernels.budget import fits, pieces_width, report_pieces
 
 SCORE_COPIES = 2
 """Sub-chunk score tensors alive together: the probabilities and, in backward, their
 gradient (the logits become the probabilities in place)."""
+
+OVERLAP_BUFFERS = 4
+"""Streamed buffers of ``cp w`` key columns alive together when the steps overlap: this
+step's and the next step's gathered keys, and in backward two key-gradient buffers."""
 
 
 # -- geometry --------------------------------------------------------------------------------
@@ -257,6 +267,11 @@ class Stream:
         tensors fit the work budget, at most ``width``.
     inf : float
         Boltz's mask penalty (``module.inf``).
+    overlap : bool
+        Whether the next step's keys are gathered while this step computes (and, in
+        backward, a step's key gradients reduce-scattered while the next one computes):
+        two key buffers and two gradient buffers instead of one each. On when there are
+        several steps and those buffers fit the work budget.
     """
 
     layout: Layout
@@ -264,19 +279,29 @@ class Stream:
     steps: int
     key_chunk: int
     inf: float
+    overlap: bool = False
 
     @classmethod
-    def of(cls, layout: Layout, score_bytes_per_key: int, inf: float) -> Stream:
+    def of(
+        cls, layout: Layout, score_bytes_per_key: int, inf: float, key_column_bytes: int = 0
+    ) -> Stream:
         """``w = ceil(widest key block / ranks)``: about one key tile gathered per step.
 
         ``score_bytes_per_key`` is the size of one key's logits ``[B, n, H, m]``; the key
         sub-chunk is the widest that the work budget allows (:func:`pieces_width`).
+        ``key_column_bytes`` is the size of one key column of a rank's keys, values and
+        mask (``B x n x (2 H c + 1)`` elements); the steps overlap when two gathered
+        buffers and two gradient buffers of ``cp w`` columns each fit the budget.
         """
         widest = max(layout.key_sizes)
-        width = max(1, -(-widest // len(layout.key_sizes)))
+        ranks = len(layout.key_sizes)
+        width = max(1, -(-widest // ranks))
+        steps = -(-widest // width)
         key_chunk = pieces_width(width, SCORE_COPIES * score_bytes_per_key)
-        report_pieces("triangle attention", f"key chunk {key_chunk} of {width}")
-        return cls(layout, width, -(-widest // width), key_chunk, float(inf))
+        overlap = steps > 1 and fits(OVERLAP_BUFFERS * ranks * width * key_column_bytes)
+        choice = f"key chunk {key_chunk} of {width}" + (", steps overlapped" if overlap else "")
+        report_pieces("triangle attention", choice)
+        return cls(layout, width, steps, key_chunk, float(inf), overlap)
 
     def lengths(self, step: int) -> list[int]:
         """Key columns each rank contributes in ``step``."""
@@ -287,37 +312,56 @@ class Stream:
         """``(start, length)`` of this rank's key columns in ``step`` (``size`` local keys)."""
         return min(step * self.width, size), self.lengths(step)[self.layout.q]
 
-    def gather(
+    def start_gather(
         self, step: int, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """``[B, n, cp w, 2 H c + 1]``: every rank's keys, values and mask of ``step``.
+        """Start gathering every rank's keys, values and mask of ``step``.
 
-        ONE all-gather over ``key_dim`` (none when it has one rank).
+        This rank's columns of the step are copied once into a ``[B, n, w, 2 H c + 1]``
+        buffer (zero past its own length), then ONE all-gather over ``key_dim`` starts (none
+        when it has one rank). Read the result through :meth:`arrived`.
         """
         at, length = self.local_span(step, k.shape[2])
-        piece = torch.cat(
-            [
-                k.narrow(2, at, length),
-                v.narrow(2, at, length),
-                mask.narrow(2, at, length).unsqueeze(-1),
-            ],
-            dim=-1,
-        )
+        hc = k.shape[-1]
+        piece = k.new_zeros(k.shape[:2] + (self.width, 2 * hc + 1))
+        piece[:, :, :length, :hc] = k.narrow(2, at, length)
+        piece[:, :, :length, hc : 2 * hc] = v.narrow(2, at, length)
+        piece[:, :, :length, 2 * hc] = mask.narrow(2, at, length)
         if len(self.layout.key_sizes) == 1:
             return piece
-        if length < self.width:
-            pad = list(piece.shape)
-            pad[2] = self.width - length
-            piece = torch.cat([piece, piece.new_zeros(pad)], dim=2)
-        return compat.all_gather(piece, 2, self.layout.mesh, self.layout.key_dim)
+        return compat.start_all_gather(piece, self.layout.mesh, self.layout.key_dim)
 
-    def chunks(self, step: int) -> Iterator[tuple[int, int, int]]:
-        """``(offset in the gathered buffer, global key index, width)`` of each sub-chunk."""
+    def arrived(self, started: torch.Tensor) -> torch.Tensor:
+        """``[cp, B, n, w, F]``: the step's pieces of every rank along ``key_dim``, waited."""
+        gathered = compat.wait(started)
+        return gathered.view(len(self.layout.key_sizes), -1, *gathered.shape[1:])
+
+    def chunks(self, step: int) -> Iterator[tuple[int, int, int, int]]:
+        """``(rank, offset in its piece, global key index, width)`` of each sub-chunk."""
         starts = block_starts(self.layout.key_sizes)
         for rank, length in enumerate(self.lengths(step)):
             for a in range(0, length, self.key_chunk):
                 width = min(self.key_chunk, length - a)
-                yield rank * self.width + a, starts[rank] + step * self.width + a, width
+                yield rank, a, starts[rank] + step * self.width + a, width
+
+    def gathered_steps(
+        self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(step, [cp, B, n, w, F] keys)`` for every step, in order.
+
+        With :attr:`overlap` the next step's all-gather starts before the current step's
+        keys are handed out, so its transfer overlaps the current step's compute; without
+        it, only once the caller has dropped them (one key buffer alive).
+        """
+        started = self.start_gather(0, k, v, mask)
+        for step in range(self.steps):
+            gathered = self.arrived(started)
+            if self.overlap and step + 1 < self.steps:
+                started = self.start_gather(step + 1, k, v, mask)
+            yield step, gathered
+            del gathered
+            if not self.overlap and step + 1 < self.steps:
+                started = self.start_gather(step + 1, k, v, mask)
 
 
 def _split_keys(
@@ -347,6 +391,80 @@ def _logits(
     return logits
 
 
+def _attend_step(
+    stream: Stream,
+    step: int,
+    gathered: torch.Tensor,
+    q: torch.Tensor,
+    strip: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge one step's keys ``[cp, B, n, w, F]`` into the online softmax.
+
+    ``state`` is ``(running max [B, n, H, m], running sum [B, n, H, m], weighted values
+    [B, n, H, m, c])``; returns the updated state.
+    """
+    running_max, running_sum, acc = state
+    _, _, heads, _, hidden = q.shape
+    for rank, at, key, width in stream.chunks(step):
+        k_t, v_sub, key_mask = _split_keys(gathered[rank].narrow(2, at, width), heads, hidden)
+        logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
+        new_max = torch.maximum(running_max, logits.amax(-1))
+        rescale = torch.exp(running_max - new_max)
+        p = logits.sub_(new_max.unsqueeze(-1).to(logits.dtype)).exp_()
+        running_sum = running_sum * rescale + p.sum(-1)
+        acc = acc * rescale.unsqueeze(-1) + torch.matmul(p, v_sub)
+        running_max = new_max
+    return running_max, running_sum, acc
+
+
+def _backprop_step(
+    stream: Stream,
+    step: int,
+    gathered: torch.Tensor,
+    q: torch.Tensor,
+    strip: torch.Tensor,
+    grad_out: torch.Tensor,
+    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
+    """One step of the backward: recompute the softmax of its keys from the saved statistics.
+
+    ``saved`` is ``(delta, running max, running sum)``, each ``[B, n, H, m, 1]`` (``delta =
+    sum(grad_out * out, -1)``). ``grads`` is ``(grad_q [B, n, H, m, c], grad_strip
+    [B, H, m, N], grad_kv [cp, B, n, w, 2 H c])``: the step adds to the first two and
+    writes the keys' and values' gradients into the third at their gathered positions.
+    """
+    delta, mx, total = saved
+    grad_q, grad_strip, grad_kv = grads
+    _, _, heads, _, hidden = q.shape
+    for rank, at, key, width in stream.chunks(step):
+        k_t, v_sub, key_mask = _split_keys(gathered[rank].narrow(2, at, width), heads, hidden)
+        logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
+        p = logits.sub_(mx.to(logits.dtype)).exp_().div_(total.to(logits.dtype))
+        grad_v_sub = torch.matmul(p.transpose(-1, -2), grad_out)  # [B, n, H, kc, c]
+        grad_s = torch.matmul(grad_out, v_sub.transpose(-1, -2))  # [B, n, H, m, kc]
+        grad_s.sub_(delta).mul_(p)
+        del p
+        grad_q += torch.matmul(grad_s, k_t.transpose(-1, -2))
+        grad_k_sub = torch.matmul(grad_s.transpose(-1, -2), q)  # [B, n, H, kc, c]
+        grad_strip.narrow(-1, key, width).add_(grad_s.sum(1))
+        place = grad_kv[rank].narrow(2, at, width).unflatten(-1, (2, heads, hidden))
+        place[..., 0, :, :].copy_(grad_k_sub.permute(0, 1, 3, 2, 4))
+        place[..., 1, :, :].copy_(grad_v_sub.permute(0, 1, 3, 2, 4))
+
+
+def _add_key_gradients(
+    stream: Stream, step: int, reduced: torch.Tensor, grad_k: torch.Tensor, grad_v: torch.Tensor
+) -> None:
+    """Add a step's reduced ``[B, n, w, 2 H c]`` key/value gradient to this rank's columns."""
+    reduced = compat.wait(reduced)
+    at, length = stream.local_span(step, grad_k.shape[2])
+    hc = grad_k.shape[-1]
+    grad_k.narrow(2, at, length).add_(reduced[:, :, :length, :hc])
+    grad_v.narrow(2, at, length).add_(reduced[:, :, :length, hc:])
+
+
 @backward_in_forward_autocast
 class StreamedAttention(torch.autograd.Function):
     """Softmax attention over keys streamed along a mesh dim, with an online softmax.
@@ -365,18 +483,11 @@ class StreamedAttention(torch.autograd.Function):
         running_max = q.new_full((b, n, heads, m), -torch.inf, dtype=acc_dtype)
         running_sum = q.new_zeros((b, n, heads, m), dtype=acc_dtype)
         acc = q.new_zeros((b, n, heads, m, hidden), dtype=acc_dtype)
-        for step in range(stream.steps):
-            gathered = stream.gather(step, k, v, mask)
-            for at, key, width in stream.chunks(step):
-                k_t, v_sub, key_mask = _split_keys(gathered.narrow(2, at, width), heads, hidden)
-                logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
-                new_max = torch.maximum(running_max, logits.amax(-1))
-                rescale = torch.exp(running_max - new_max)
-                p = logits.sub_(new_max.unsqueeze(-1).to(logits.dtype)).exp_()
-                running_sum = running_sum * rescale + p.sum(-1)
-                acc = acc * rescale.unsqueeze(-1) + torch.matmul(p, v_sub)
-                running_max = new_max
-            del gathered
+        state = (running_max, running_sum, acc)
+        for step, gathered in stream.gathered_steps(k, v, mask):
+            state = _attend_step(stream, step, gathered, q, strip, state)
+            del gathered  # no view of it outlives the step: the buffer is free for the next
+        running_max, running_sum, acc = state
         out = (acc / running_sum.unsqueeze(-1)).to(q.dtype)
         ctx.stream = stream
         ctx.save_for_backward(q, k, v, mask, strip, out, running_max, running_sum)
@@ -398,29 +509,34 @@ class StreamedAttention(torch.autograd.Function):
         grad_strip = torch.zeros_like(strip)
         mx = running_max.unsqueeze(-1)
         total = running_sum.unsqueeze(-1)
-        for step in range(stream.steps):
-            gathered = stream.gather(step, k, v, mask)
-            grad_kv = gathered.new_zeros(gathered.shape[:-1] + (2 * hc,))
-            for at, key, width in stream.chunks(step):
-                k_t, v_sub, key_mask = _split_keys(gathered.narrow(2, at, width), heads, hidden)
-                logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
-                p = logits.sub_(mx.to(logits.dtype)).exp_().div_(total.to(logits.dtype))
-                grad_v_sub = torch.matmul(p.transpose(-1, -2), grad_out)  # [B, n, H, kc, c]
-                grad_s = torch.matmul(grad_out, v_sub.transpose(-1, -2))  # [B, n, H, m, kc]
-                grad_s.sub_(delta).mul_(p)
-                del p
-                grad_q += torch.matmul(grad_s, k_t.transpose(-1, -2))
-                grad_k_sub = torch.matmul(grad_s.transpose(-1, -2), q)  # [B, n, H, kc, c]
-                grad_strip.narrow(-1, key, width).add_(grad_s.sum(1))
-                place = grad_kv.narrow(2, at, width)
-                place[..., :hc] = grad_k_sub.permute(0, 1, 3, 2, 4).reshape(b, n, width, hc)
-                place[..., hc:] = grad_v_sub.permute(0, 1, 3, 2, 4).reshape(b, n, width, hc)
+        ranks = len(layout.key_sizes)
+        # key/value gradients, [cp, B, n, w, 2 H c]: with overlap two buffers, one
+        # reduce-scattered while the next step fills the other
+        buffers = [
+            k.new_empty((ranks, b, n, stream.width, 2 * hc))
+            for _ in range(2 if stream.overlap else 1)
+        ]
+        pending: tuple[int, torch.Tensor] | None = None
+        for step, gathered in stream.gathered_steps(k, v, mask):
+            grad_kv = buffers[step % len(buffers)].zero_()
+            saved = (delta, mx, total)
+            _backprop_step(
+                stream, step, gathered, q, strip, grad_out, saved, (grad_q, grad_strip, grad_kv)
+            )
             del gathered
-            if len(layout.key_sizes) > 1:
-                grad_kv = compat.reduce_scatter(grad_kv, 2, layout.mesh, layout.key_dim)
-            at, length = stream.local_span(step, k.shape[2])
-            grad_k.narrow(2, at, length).add_(grad_kv[:, :, :length, :hc])
-            grad_v.narrow(2, at, length).add_(grad_kv[:, :, :length, hc:])
+            started = grad_kv[0]
+            if ranks > 1:
+                started = compat.start_reduce_scatter(
+                    grad_kv.flatten(0, 1), layout.mesh, layout.key_dim
+                )
+            if pending is not None:
+                _add_key_gradients(stream, *pending, grad_k, grad_v)
+            pending = (step, started)
+            if not stream.overlap:
+                _add_key_gradients(stream, *pending, grad_k, grad_v)
+                pending = None
+        if pending is not None:
+            _add_key_gradients(stream, *pending, grad_k, grad_v)
         return grad_q, grad_k, grad_v, None, grad_strip, None
 
 

@@ -75,13 +75,21 @@ more: blocks that differ by one token (the plan's default) a few percent (``N = 
 least ``2 P - 1`` tiles on a ``P x P`` mesh: a rank off the diagonal holds none of the
 ``b`` rows it needs.
 
-Peak extra memory: per panel one gathered panel of the moving operand (``N / S x m x D``)
-and one partial output panel (``n x N / S x D``), plus the padded copies the collectives
-make; the panels' buffers fit the work budget (:mod:`~physicsnemo_foldcp.kernels.budget`)
-or, at ``S = max(P0, P1)`` when it is smaller, are each at most about one tile: about three
-tile-sized buffers in forward, four in backward, whatever the mesh size, besides the
-inputs, the output and the gradients themselves. No panel is stored for backward (each is
-gathered again).
+Overlap: the next panel's all-gathers start before the current panel's product, and a
+panel's reduce-scatter travels while the next panel is computed (functional collectives
+started and waited later, :func:`~physicsnemo_foldcp.core.blocks.start_gather_blocks`); the
+arithmetic is the one of the one-panel-at-a-time loop, so results do not change. Blocks are
+padded and unpadded with one copy each way.
+
+Peak extra memory: the gathered panel of the moving operand (``N / S x m x D``) of this
+panel and of the next, one partial output panel (``n x N / S x D``) and the padded buffer
+its reduce-scatter sends; in backward also the gradient's panels. The panels' buffers
+(:data:`PANEL_BUFFERS` of them) fit the work budget
+(:mod:`~physicsnemo_foldcp.kernels.budget`) or, at ``S = max(P0, P1)`` when it is smaller,
+are each at most about one tile: about four tile-sized buffers in forward, five in
+backward, whatever the mesh size, besides the inputs, the output and the gradients
+themselves. With one panel nothing is prefetched. No panel is stored for backward (each
+is gathered again).
 """
 
 from __future__ import annotations
@@ -98,16 +106,19 @@ from physicsnemo_foldcp.core.blocks import (
     ROWS,
     block_starts,
     coordinate,
-    gather_blocks,
-    reduce_scatter_blocks,
+    gathered_blocks,
+    reduce_scattered_blocks,
+    start_gather_blocks,
+    start_reduce_scatter_blocks,
 )
 from physicsnemo_foldcp.kernels.autocast import backward_in_forward_autocast
 from physicsnemo_foldcp.kernels.budget import pieces_count, report_pieces
 from physicsnemo_foldcp.sharding.plan import split_sizes
 
-PANEL_BUFFERS = 3
-"""Panel-sized buffers alive together (backward: the gradient's panel, the moving
-operand's panel and a partial product)."""
+PANEL_BUFFERS = 5
+"""Panel-sized buffers alive together (backward: the gradient's panel, the next panel's
+gradient and moving rows, travelling while this panel is computed, a partial product and
+the buffer its reduce-scatter sends)."""
 
 OUTGOING = "outgoing"
 INCOMING = "incoming"
@@ -272,14 +283,35 @@ class PanelProduct(torch.autograd.Function):
             stationary.device,
         )
         out = None
-        for panel, rows, columns in zip(plan, local.gathered, local.scattered):
-            piece = moving.index_select(1, rows)
-            m_panel = gather_blocks(piece, 1, panel.gathered_counts, mesh, gather_dim)
-            partial = torch.einsum("bxkd,bykd->bxyd", stationary, m_panel)
-            mine = reduce_scatter_blocks(partial, 2, panel.scattered_counts, mesh, scatter_dim)
+
+        def start_moving(p: int) -> torch.Tensor:
+            piece = moving.index_select(1, local.gathered[p])
+            return start_gather_blocks(piece, 1, plan[p].gathered_counts, mesh, gather_dim)
+
+        def place(reducing: torch.Tensor, counts: tuple[int, ...], columns: torch.Tensor):
+            nonlocal out
+            mine = reduce_scattered_blocks(reducing, 2, counts, mesh, scatter_dim)
             if out is None:  # the result has the stationary tile's blocks
                 out = mine.new_zeros(stationary.shape)
             out.index_copy_(2, columns, mine)
+
+        started = start_moving(0) if plan else None
+        pending = None
+        for p, (panel, columns) in enumerate(zip(plan, local.scattered)):
+            m_panel = gathered_blocks(started, 1, panel.gathered_counts)
+            if p + 1 < len(plan):  # the next panel's rows travel during this product
+                started = start_moving(p + 1)
+            partial = torch.einsum("bxkd,bykd->bxyd", stationary, m_panel)
+            del m_panel
+            reducing = start_reduce_scatter_blocks(
+                partial, 2, panel.scattered_counts, mesh, scatter_dim
+            )
+            del partial
+            if pending is not None:
+                place(*pending)
+            pending = (reducing, panel.scattered_counts, columns)
+        if pending is not None:
+            place(*pending)
         ctx.save_for_backward(stationary, moving)
         ctx.plan = (mesh, gather_dim, plan, local)
         return out if out is not None else stationary.new_zeros(stationary.shape)
@@ -296,18 +328,43 @@ class PanelProduct(torch.autograd.Function):
         grad_m = torch.zeros_like(moving) if need_m else None
         if not (need_s or need_m):
             return None, None, None, None, None, None, None
-        for panel, rows, columns in zip(plan, local.gathered, local.scattered):
-            g_panel = gather_blocks(
-                grad.index_select(2, columns), 2, panel.scattered_counts, mesh, scatter_dim
-            )
+
+        def start_panel(p: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            g_piece = grad.index_select(2, local.scattered[p])
+            g = start_gather_blocks(g_piece, 2, plan[p].scattered_counts, mesh, scatter_dim)
+            m = None
             if need_s:
-                piece = moving.index_select(1, rows)
-                m_panel = gather_blocks(piece, 1, panel.gathered_counts, mesh, gather_dim)
+                m_piece = moving.index_select(1, local.gathered[p])
+                m = start_gather_blocks(m_piece, 1, plan[p].gathered_counts, mesh, gather_dim)
+            return g, m
+
+        def place(reducing: torch.Tensor, counts: tuple[int, ...], rows: torch.Tensor):
+            mine = reduce_scattered_blocks(reducing, 1, counts, mesh, gather_dim)
+            grad_m.index_copy_(1, rows, mine.to(grad_m.dtype))
+
+        started = start_panel(0) if plan else None
+        pending = None
+        for p, (panel, rows) in enumerate(zip(plan, local.gathered)):
+            g_started, m_started = started
+            g_panel = gathered_blocks(g_started, 2, panel.scattered_counts)
+            m_panel = gathered_blocks(m_started, 1, panel.gathered_counts) if need_s else None
+            if p + 1 < len(plan):  # the next panel's gradient and rows travel meanwhile
+                started = start_panel(p + 1)
+            if need_s:
                 grad_s += torch.einsum("bxyd,bykd->bxkd", g_panel, m_panel)
+                del m_panel
             if need_m:
+                if pending is not None:  # the previous panel's sum travelled meanwhile
+                    place(*pending)
                 partial = torch.einsum("bxyd,bxkd->bykd", g_panel, stationary)
-                mine = reduce_scatter_blocks(partial, 1, panel.gathered_counts, mesh, gather_dim)
-                grad_m.index_copy_(1, rows, mine.to(grad_m.dtype))
+                reducing = start_reduce_scatter_blocks(
+                    partial, 1, panel.gathered_counts, mesh, gather_dim
+                )
+                del partial
+                pending = (reducing, panel.gathered_counts, rows)
+            del g_panel
+        if pending is not None:
+            place(*pending)
         return grad_s, grad_m, None, None, None, None, None
 
 

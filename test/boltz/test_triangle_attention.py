@@ -9,6 +9,7 @@ ever allocated.
 """
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -21,7 +22,12 @@ from torch.utils._pytree import tree_leaves
 import physicsnemo_foldcp.boltz
 from physicsnemo_foldcp.core.blocks import tile_shapes
 from physicsnemo_foldcp.kernels.budget import recorded_pieces, work_budget
-from physicsnemo_foldcp.kernels.triangle_attention import SCORE_COPIES, Layout, Stream
+from physicsnemo_foldcp.kernels.triangle_attention import (
+    SCORE_COPIES,
+    Layout,
+    Stream,
+    StreamedAttention,
+)
 from physicsnemo_foldcp.ops import wrap
 from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
 from physicsnemo_foldcp.testing import collective_assert
@@ -178,8 +184,7 @@ def test_stream_visits_every_key_once(row_sizes, key_sizes):
         assert stream.key_chunk == min(4, stream.width)
         seen = []
         for step in range(stream.steps):
-            for at, key, width in stream.chunks(step):
-                rank, offset = divmod(at, stream.width)
+            for rank, offset, key, width in stream.chunks(step):
                 assert offset + width <= stream.width
                 assert key == sum(key_sizes[:rank]) + step * stream.width + offset
                 seen.extend(range(key, key + width))
@@ -325,3 +330,59 @@ def test_no_local_tensor_grows_past_a_few_tiles(fold_mesh, starting):
         f"largest local tensor {seen.numel} elements ({seen.op}), bound {bound} "
         f"({LARGEST_LOCAL} tiles of {leaf.numel()}), serial largest {serial_seen.numel}",
     )
+
+
+@distributed
+@pytest.mark.parametrize(
+    "fold_mesh", [(1, 2, 2), (1, 2, 3)], indirect=True, ids=lambda s: "x".join(map(str, s))
+)
+@NODES
+def test_overlapped_steps_give_the_same_bits_and_collectives(fold_mesh, starting):
+    """Gathering the next step's keys (and reducing a step's key gradients) while the
+    current step computes changes neither a bit of the results nor the collectives; the
+    overlap is on when its four key buffers fit the work budget, off when they do not."""
+    cp0, cp1 = fold_mesh.domain_mesh.shape
+    i, j = fold_mesh.domain_coordinate
+    rows, keys = uneven_rows(37, cp0), column_block_sizes(uneven_rows(37, cp0), cp1)
+    if starting:
+        layout = Layout(fold_mesh.domain_mesh, 0, 1, tuple(rows), tuple(keys), i, j)
+    else:
+        layout = Layout(fold_mesh.domain_mesh, 1, 0, tuple(keys), tuple(rows), j, i)
+    n, m = layout.row_sizes[layout.p], layout.key_sizes[layout.q]
+    g = torch.Generator().manual_seed(7 + torch.distributed.get_rank())
+    q = torch.randn(1, n, HEADS, m, HIDDEN, generator=g)
+    k, v = (torch.randn(1, n, m, HEADS * HIDDEN, generator=g) for _ in range(2))
+    mask = (torch.rand(1, n, m, generator=g) > 0.2).float()
+    strip = torch.randn(1, HEADS, m, 37, generator=g)
+    grad_out = torch.randn(1, n, HEADS, m, HIDDEN, generator=g)
+    column = n * (2 * HEADS * HIDDEN + 1) * 4
+
+    with recorded_pieces() as seen:
+        on = Stream.of(layout, score_bytes_per_key=1, inf=1e9, key_column_bytes=column)
+    with work_budget(3 * len(layout.key_sizes) * on.width * column / MIB):  # 3 buffers, not 4
+        tight = Stream.of(layout, score_bytes_per_key=1, inf=1e9, key_column_bytes=column)
+    off = dataclasses.replace(on, overlap=False)
+
+    def run(stream: Stream):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v, strip)]
+        with CommDebugMode() as comm:
+            out = StreamedAttention.apply(leaves[0], leaves[1], leaves[2], mask, leaves[3], stream)
+            out.backward(grad_out)
+        return [out.detach()] + [t.grad for t in leaves], collective_counts(comm)
+
+    results_on, counts_on = run(on)
+    results_off, counts_off = run(off)
+    problems = []
+    if not (on.overlap and not tight.overlap and on.steps > 1):
+        problems.append(f"overlap chosen {on.overlap} / {tight.overlap}, {on.steps} steps")
+    if not any("steps overlapped" in c for c in seen["triangle attention"]):
+        problems.append(f"the overlap was not reported: {seen}")
+    names = ["output", "grad q", "grad k", "grad v", "grad strip"]
+    problems += [
+        f"{name} differs"
+        for name, a, b in zip(names, results_on, results_off)
+        if not torch.equal(a, b)
+    ]
+    if counts_on != counts_off:
+        problems.append(f"collectives {counts_on} with overlap, {counts_off} without")
+    collective_assert(not problems, "; ".join(problems))

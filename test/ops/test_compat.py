@@ -170,6 +170,32 @@ def test_collectives_are_counted_and_correct(fold_mesh):
     collective_assert(not problems and dist.is_initialized(), "; ".join(problems))
 
 
+@distributed
+@MESH
+def test_started_collectives_return_before_the_data_and_are_counted(fold_mesh):
+    mesh = fold_mesh.domain_mesh
+    i, _ = fold_mesh.domain_coordinate
+    x = torch.full((2, 3), float(1 + i))
+    with CommDebugMode() as mode:
+        gathering = compat.start_all_gather(x, mesh, 0)
+        scattering = compat.start_reduce_scatter(torch.ones(4, 3) * (1 + i), mesh, 0)
+        pending = [type(t).__name__ for t in (gathering, scattering)]
+        gathered, scattered = compat.wait(gathering), compat.wait(scattering)
+    counts = sum(mode.get_comm_counts().values())
+    problems = []
+    if pending != ["AsyncCollectiveTensor"] * 2:
+        problems.append(f"started collectives returned {pending}, not unwaited tensors")
+    if type(gathered) is not torch.Tensor or type(scattered) is not torch.Tensor:
+        problems.append("wait did not return plain tensors")
+    if not torch.equal(gathered, torch.cat([torch.full((2, 3), 1.0), torch.full((2, 3), 2.0)])):
+        problems.append(f"all_gather {gathered}")
+    if not torch.equal(scattered, torch.full((2, 3), 3.0)):
+        problems.append(f"reduce_scatter {scattered}")
+    if counts != 2:
+        problems.append(f"CommDebugMode counted {counts} collectives, not 2")
+    collective_assert(not problems, "; ".join(problems))
+
+
 class TwoOutputs(torch.nn.Module):
     def forward(self, x):
         return x * 2, x * 3
