@@ -166,11 +166,11 @@ def triangle_attention(
     normed = call("layer_norm", tile)
     strip = QueryStrip.apply(call("linear", normed), layout)
     q = call("mha.linear_q", normed).view(b, n, m, heads, hidden).transpose(2, 3)
-    q = q / math.sqrt(hidden)
+    q = q.contiguous() / math.sqrt(hidden)  # head-major once: every key chunk reads it
     k = call("mha.linear_k", normed)
     v = call("mha.linear_v", normed)
     score_bytes_per_key = b * n * heads * m * q.element_size()
-    key_column_bytes = b * n * (2 * heads * hidden + 1) * k.element_size()
+    key_column_bytes = b * n * heads * (2 * hidden + 1) * k.element_size()
     stream = Stream.of(layout, score_bytes_per_key, module.inf, key_column_bytes)
     o = StreamedAttention.apply(
         q, k, v, key_mask.to(k.dtype).contiguous(), strip, stream

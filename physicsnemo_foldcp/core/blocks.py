@@ -220,12 +220,30 @@ def start_gather_blocks(
     return compat.start_all_gather(padded, mesh, mesh_dim)
 
 
+def _rank_major(shape: Sequence[int], dim: int, sizes: Sequence[int]) -> bool:
+    """Whether a tensor of ``shape`` cut into ``sizes`` along ``dim`` is its blocks stacked.
+
+    True for even blocks with only dims of length one before ``dim``: block ``r`` is then
+    the ``r``-th equal slice of the memory, as the collectives lay the ranks out.
+    """
+    return len(set(sizes)) == 1 and all(int(n) == 1 for n in shape[:dim])
+
+
 def gathered_blocks(started: torch.Tensor, dim: int, sizes: Sequence[int]) -> torch.Tensor:
-    """Finish :func:`start_gather_blocks`: wait, then join the unpadded blocks (one copy)."""
+    """Finish :func:`start_gather_blocks`: wait, then join the unpadded blocks.
+
+    One copy, none when the gathered buffer is already the joined tensor (even blocks,
+    only dims of length one before ``dim``).
+    """
     if len(sizes) == 1:
         return started
     gathered = compat.wait(started)
     per_rank = gathered.unflatten(0, (len(sizes), gathered.shape[0] // len(sizes)))
+    dim %= per_rank.dim() - 1
+    if _rank_major(per_rank.shape[1:], dim, sizes):
+        shape = list(per_rank.shape[1:])
+        shape[dim] *= len(sizes)
+        return gathered.view(shape)
     return torch.cat([per_rank[r].narrow(dim, 0, n) for r, n in enumerate(sizes)], dim=dim)
 
 
@@ -264,17 +282,24 @@ def start_reduce_scatter_blocks(
     """Start :func:`reduce_scatter_blocks`; :func:`reduce_scattered_blocks` finishes it.
 
     The blocks of ``full`` are copied once into a ``[ranks, ...]`` buffer, each padded to
-    the largest, and ONE ``reduce_scatter_tensor`` over ``mesh_dim`` starts on it.
+    the largest (no copy when ``full`` already is that buffer: even blocks, only dims of
+    length one before ``dim``), and ONE ``reduce_scatter_tensor`` over ``mesh_dim`` starts
+    on it.
     Arguments as :func:`reduce_scatter_blocks`.
     """
     if len(sizes) == 1:
         return full
     widest = max(sizes)
     dim %= full.dim()
+    if _rank_major(full.shape, dim, sizes):  # the blocks are already stacked rank by rank
+        shape = list(full.shape)
+        shape[dim] = widest
+        return compat.start_reduce_scatter(
+            full.reshape(len(sizes) * shape[0], *shape[1:]), mesh, mesh_dim
+        )
     shape = [len(sizes), *full.shape]
     shape[dim + 1] = widest
-    even = all(n == widest for n in sizes)
-    buffer = full.new_empty(shape) if even else full.new_zeros(shape)
+    buffer = full.new_zeros(shape)
     for r, (start, n) in enumerate(zip(block_starts(sizes), sizes)):
         buffer[r].narrow(dim, 0, n).copy_(full.narrow(dim, start, n))
     return compat.start_reduce_scatter(buffer.flatten(0, 1), mesh, mesh_dim)

@@ -48,7 +48,8 @@ swapped (``P = cp1``, ``Q = cp0``): rows are the pair's columns ``C_j``, queries
 its rows, keys streamed over ``cp0``. No tile transpose is communicated.
 
 Collectives per call (starting node; the ending node swaps cp0 and cp1; none along a mesh
-dim of size 1), with ``F = 2 H c + 1`` (keys, values, mask) and ``o_p = |R_p ∩ C_j|``:
+dim of size 1), with ``F = H (2 c + 1)`` (keys, values, the mask per head) and
+``o_p = |R_p ∩ C_j|``:
 
 * forward: ONE all-to-all over ``cp1`` (sends the ``n x m x H`` bias tile, receives
   ``o_i x N x H``); over ``cp0``, ONE all-gather (``cp0 max_p o_p x N x H``, the
@@ -68,7 +69,7 @@ tile-sized activations, as the serial module does per row (the normalised tile, 
 tiles each), the bias tile (``H / C``) and the strip (``(N / n) H / C``; at most twice
 that while it is assembled), and two ``n x H x m`` softmax statistics. The peak extra
 while the attention runs is the streamed buffer ``cp1 w x n x F`` (about
-``(2 H c + 1) / C`` tiles of ``w``-padded key columns, i.e. ~2 tiles for Boltz's
+``H (2 c + 1) / C`` tiles of ``w``-padded key columns, i.e. ~2 tiles for Boltz's
 ``H c = C``; two of them with the overlap, which is on only while they fit the work
 budget), a few sub-chunk score tensors of ``n x H x m x kc`` elements (two of them,
 the probabilities and their gradient in backward, within the work budget; one key column
@@ -290,7 +291,7 @@ class Stream:
         ``score_bytes_per_key`` is the size of one key's logits ``[B, n, H, m]``; the key
         sub-chunk is the widest that the work budget allows (:func:`pieces_width`).
         ``key_column_bytes`` is the size of one key column of a rank's keys, values and
-        mask (``B x n x (2 H c + 1)`` elements); the steps overlap when two gathered
+        mask (``B x n x H (2 c + 1)`` elements); the steps overlap when two gathered
         buffers and two gradient buffers of ``cp w`` columns each fit the budget.
         """
         widest = max(layout.key_sizes)
@@ -313,26 +314,31 @@ class Stream:
         return min(step * self.width, size), self.lengths(step)[self.layout.q]
 
     def start_gather(
-        self, step: int, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+        self, step: int, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, heads: int
     ) -> torch.Tensor:
         """Start gathering every rank's keys, values and mask of ``step``.
 
-        This rank's columns of the step are copied once into a ``[B, n, w, 2 H c + 1]``
-        buffer (zero past its own length), then ONE all-gather over ``key_dim`` starts (none
-        when it has one rank). Read the result through :meth:`arrived`.
+        This rank's columns of the step are copied once into a head-major ``[B, n, H,
+        (2 c + 1) w]`` buffer (per head: the keys transposed ``[c, w]``, the values
+        ``[w, c]``, the mask ``[w]``, repeated per head; zero past its own length), the
+        layouts the matrix products read in place (:func:`_key_views`); then ONE
+        all-gather over ``key_dim`` starts (none when it has one rank). Read the result
+        through :meth:`arrived`.
         """
         at, length = self.local_span(step, k.shape[2])
-        hc = k.shape[-1]
-        piece = k.new_zeros(k.shape[:2] + (self.width, 2 * hc + 1))
-        piece[:, :, :length, :hc] = k.narrow(2, at, length)
-        piece[:, :, :length, hc : 2 * hc] = v.narrow(2, at, length)
-        piece[:, :, :length, 2 * hc] = mask.narrow(2, at, length)
+        hidden = k.shape[-1] // heads
+        piece = k.new_zeros((*k.shape[:2], heads, (2 * hidden + 1) * self.width))
+        keys_t, values, key_mask = _key_views(piece, hidden)
+        by_head = (*k.shape[:2], length, heads, hidden)  # [B, n, length, H, c]
+        keys_t[..., :length].copy_(k.narrow(2, at, length).view(by_head).permute(0, 1, 3, 4, 2))
+        values[..., :length, :].copy_(v.narrow(2, at, length).view(by_head).transpose(2, 3))
+        key_mask[..., :length].copy_(mask.narrow(2, at, length).unsqueeze(2))
         if len(self.layout.key_sizes) == 1:
             return piece
         return compat.start_all_gather(piece, self.layout.mesh, self.layout.key_dim)
 
     def arrived(self, started: torch.Tensor) -> torch.Tensor:
-        """``[cp, B, n, w, F]``: the step's pieces of every rank along ``key_dim``, waited."""
+        """``[cp, B, n, H, (2 c + 1) w]``: the step's pieces of every rank along ``key_dim``."""
         gathered = compat.wait(started)
         return gathered.view(len(self.layout.key_sizes), -1, *gathered.shape[1:])
 
@@ -345,34 +351,52 @@ class Stream:
                 yield rank, a, starts[rank] + step * self.width + a, width
 
     def gathered_steps(
-        self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+        self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, heads: int
     ) -> Iterator[tuple[int, torch.Tensor]]:
-        """``(step, [cp, B, n, w, F] keys)`` for every step, in order.
+        """``(step, [cp, B, n, H, (2 c + 1) w] keys)`` for every step, in order.
 
         With :attr:`overlap` the next step's all-gather starts before the current step's
         keys are handed out, so its transfer overlaps the current step's compute; without
         it, only once the caller has dropped them (one key buffer alive).
         """
-        started = self.start_gather(0, k, v, mask)
+        started = self.start_gather(0, k, v, mask, heads)
         for step in range(self.steps):
             gathered = self.arrived(started)
             if self.overlap and step + 1 < self.steps:
-                started = self.start_gather(step + 1, k, v, mask)
+                started = self.start_gather(step + 1, k, v, mask, heads)
             yield step, gathered
             del gathered
             if not self.overlap and step + 1 < self.steps:
-                started = self.start_gather(step + 1, k, v, mask)
+                started = self.start_gather(step + 1, k, v, mask, heads)
 
 
-def _split_keys(
-    sub: torch.Tensor, heads: int, hidden: int
+def _key_views(piece: torch.Tensor, hidden: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views of a ``[B, n, H, (2 c + 1) w]`` key piece.
+
+    Returns ``k^T [B, n, H, c, w]``, ``v [B, n, H, w, c]`` and the mask ``[B, n, H, w]``:
+    the layouts the matrix products read without a copy: row-major ``c x kc`` and
+    ``kc x c`` matrices, as contiguous copies would lay them out, so that the products
+    and their rounding are those of contiguous operands.
+    """
+    width = piece.shape[-1] // (2 * hidden + 1)
+    keys_t = piece[..., : hidden * width].unflatten(-1, (hidden, width))
+    values = piece[..., hidden * width : 2 * hidden * width].unflatten(-1, (width, hidden))
+    return keys_t, values, piece[..., 2 * hidden * width :]
+
+
+def _key_chunk(
+    piece: torch.Tensor, hidden: int, at: int, width: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split ``[B, n, kc, F]`` keys: ``k^T [B, n, H, c, kc]``, ``v [B, n, H, kc, c]``, mask."""
-    b, n, kc, _ = sub.shape
-    hc = heads * hidden
-    k_t = sub[..., :hc].reshape(b, n, kc, heads, hidden).permute(0, 1, 3, 4, 2)
-    v = sub[..., hc : 2 * hc].reshape(b, n, kc, heads, hidden).permute(0, 1, 3, 2, 4)
-    return k_t, v, sub[..., 2 * hc]
+    """Keys ``at .. at + width`` of a key piece, as views.
+
+    Returns ``k^T [B, n, H, c, kc]``, ``v [B, n, H, kc, c]`` and the mask ``[B, n, kc]``.
+    """
+    keys_t, values, key_mask = _key_views(piece, hidden)
+    return (
+        keys_t.narrow(-1, at, width),
+        values.narrow(-2, at, width),
+        key_mask[:, :, 0].narrow(-1, at, width),
+    )
 
 
 def _logits(
@@ -405,9 +429,9 @@ def _attend_step(
     [B, n, H, m, c])``; returns the updated state.
     """
     running_max, running_sum, acc = state
-    _, _, heads, _, hidden = q.shape
+    hidden = q.shape[-1]
     for rank, at, key, width in stream.chunks(step):
-        k_t, v_sub, key_mask = _split_keys(gathered[rank].narrow(2, at, width), heads, hidden)
+        k_t, v_sub, key_mask = _key_chunk(gathered[rank], hidden, at, width)
         logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
         new_max = torch.maximum(running_max, logits.amax(-1))
         rescale = torch.exp(running_max - new_max)
@@ -432,37 +456,38 @@ def _backprop_step(
 
     ``saved`` is ``(delta, running max, running sum)``, each ``[B, n, H, m, 1]`` (``delta =
     sum(grad_out * out, -1)``). ``grads`` is ``(grad_q [B, n, H, m, c], grad_strip
-    [B, H, m, N], grad_kv [cp, B, n, w, 2 H c])``: the step adds to the first two and
+    [B, H, m, N], grad_kv [cp, B, n, H, w, 2 c])``: the step adds to the first two and
     writes the keys' and values' gradients into the third at their gathered positions.
     """
     delta, mx, total = saved
     grad_q, grad_strip, grad_kv = grads
-    _, _, heads, _, hidden = q.shape
+    hidden = q.shape[-1]
     for rank, at, key, width in stream.chunks(step):
-        k_t, v_sub, key_mask = _split_keys(gathered[rank].narrow(2, at, width), heads, hidden)
+        k_t, v_sub, key_mask = _key_chunk(gathered[rank], hidden, at, width)
         logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
         p = logits.sub_(mx.to(logits.dtype)).exp_().div_(total.to(logits.dtype))
         grad_v_sub = torch.matmul(p.transpose(-1, -2), grad_out)  # [B, n, H, kc, c]
-        grad_s = torch.matmul(grad_out, v_sub.transpose(-1, -2))  # [B, n, H, m, kc]
+        grad_s = torch.matmul(grad_out, v_sub.transpose(-1, -2).contiguous())  # [B, n, H, m, kc]
         grad_s.sub_(delta).mul_(p)
         del p
-        grad_q += torch.matmul(grad_s, k_t.transpose(-1, -2))
+        grad_q += torch.matmul(grad_s, k_t.transpose(-1, -2).contiguous())
         grad_k_sub = torch.matmul(grad_s.transpose(-1, -2), q)  # [B, n, H, kc, c]
         grad_strip.narrow(-1, key, width).add_(grad_s.sum(1))
-        place = grad_kv[rank].narrow(2, at, width).unflatten(-1, (2, heads, hidden))
-        place[..., 0, :, :].copy_(grad_k_sub.permute(0, 1, 3, 2, 4))
-        place[..., 1, :, :].copy_(grad_v_sub.permute(0, 1, 3, 2, 4))
+        place = grad_kv[rank].narrow(3, at, width)
+        place[..., :hidden].copy_(grad_k_sub)
+        place[..., hidden:].copy_(grad_v_sub)
 
 
 def _add_key_gradients(
     stream: Stream, step: int, reduced: torch.Tensor, grad_k: torch.Tensor, grad_v: torch.Tensor
 ) -> None:
-    """Add a step's reduced ``[B, n, w, 2 H c]`` key/value gradient to this rank's columns."""
+    """Add a step's reduced ``[B, n, H, w, 2 c]`` key/value gradient to this rank's columns."""
     reduced = compat.wait(reduced)
     at, length = stream.local_span(step, grad_k.shape[2])
-    hc = grad_k.shape[-1]
-    grad_k.narrow(2, at, length).add_(reduced[:, :, :length, :hc])
-    grad_v.narrow(2, at, length).add_(reduced[:, :, :length, hc:])
+    heads, hidden = reduced.shape[2], reduced.shape[-1] // 2
+    for grad, part in ((grad_k, reduced[..., :hidden]), (grad_v, reduced[..., hidden:])):
+        columns = grad.narrow(2, at, length).unflatten(-1, (heads, hidden))  # [B, n, len, H, c]
+        columns.add_(part.narrow(3, 0, length).transpose(2, 3))
 
 
 @backward_in_forward_autocast
@@ -484,7 +509,7 @@ class StreamedAttention(torch.autograd.Function):
         running_sum = q.new_zeros((b, n, heads, m), dtype=acc_dtype)
         acc = q.new_zeros((b, n, heads, m, hidden), dtype=acc_dtype)
         state = (running_max, running_sum, acc)
-        for step, gathered in stream.gathered_steps(k, v, mask):
+        for step, gathered in stream.gathered_steps(k, v, mask, q.shape[2]):
             state = _attend_step(stream, step, gathered, q, strip, state)
             del gathered  # no view of it outlives the step: the buffer is free for the next
         running_max, running_sum, acc = state
@@ -500,7 +525,6 @@ class StreamedAttention(torch.autograd.Function):
         stream: Stream = ctx.stream
         layout = stream.layout
         b, n, heads, m, hidden = q.shape
-        hc = heads * hidden
         grad_out = grad_out.contiguous()
         delta = (grad_out * out).sum(-1, keepdim=True)  # [B, n, H, m, 1]
         grad_q = torch.zeros_like(q)
@@ -510,14 +534,14 @@ class StreamedAttention(torch.autograd.Function):
         mx = running_max.unsqueeze(-1)
         total = running_sum.unsqueeze(-1)
         ranks = len(layout.key_sizes)
-        # key/value gradients, [cp, B, n, w, 2 H c]: with overlap two buffers, one
+        # key/value gradients, [cp, B, n, H, w, 2 c]: with overlap two buffers, one
         # reduce-scattered while the next step fills the other
         buffers = [
-            k.new_empty((ranks, b, n, stream.width, 2 * hc))
+            k.new_empty((ranks, b, n, heads, stream.width, 2 * hidden))
             for _ in range(2 if stream.overlap else 1)
         ]
         pending: tuple[int, torch.Tensor] | None = None
-        for step, gathered in stream.gathered_steps(k, v, mask):
+        for step, gathered in stream.gathered_steps(k, v, mask, q.shape[2]):
             grad_kv = buffers[step % len(buffers)].zero_()
             saved = (delta, mx, total)
             _backprop_step(

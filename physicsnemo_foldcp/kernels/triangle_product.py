@@ -221,10 +221,15 @@ def panel_plan(
 
 @dataclass(frozen=True)
 class _Local:
-    """This rank's index tensors for every panel."""
+    """This rank's index tensors for every panel (``None``: the whole block, in order)."""
 
-    gathered: list[torch.Tensor]
-    scattered: list[torch.Tensor]
+    gathered: list[torch.Tensor | None]
+    scattered: list[torch.Tensor | None]
+
+
+def _take(t: torch.Tensor, dim: int, index: torch.Tensor | None) -> torch.Tensor:
+    """The panel's positions of ``t`` along ``dim`` (``t`` itself for the whole block)."""
+    return t if index is None else t.index_select(dim, index)
 
 
 def _local_indices(
@@ -236,12 +241,14 @@ def _local_indices(
 ) -> _Local:
     g, s = here
 
-    def index(positions: list[int]) -> torch.Tensor:
+    def index(positions: list[int], size: int) -> torch.Tensor | None:
+        if positions == list(range(size)):  # one panel: no gather of rows, no scatter back
+            return None
         return torch.tensor(positions, dtype=torch.long, device=device)
 
     return _Local(
-        [index(p.local_positions(gathered_sizes, g)) for p in plan],
-        [index(p.local_positions(scattered_sizes, s)) for p in plan],
+        [index(p.local_positions(gathered_sizes, g), gathered_sizes[g]) for p in plan],
+        [index(p.local_positions(scattered_sizes, s), scattered_sizes[s]) for p in plan],
     )
 
 
@@ -285,12 +292,15 @@ class PanelProduct(torch.autograd.Function):
         out = None
 
         def start_moving(p: int) -> torch.Tensor:
-            piece = moving.index_select(1, local.gathered[p])
+            piece = _take(moving, 1, local.gathered[p])
             return start_gather_blocks(piece, 1, plan[p].gathered_counts, mesh, gather_dim)
 
-        def place(reducing: torch.Tensor, counts: tuple[int, ...], columns: torch.Tensor):
+        def place(reducing: torch.Tensor, counts: tuple[int, ...], columns: torch.Tensor | None):
             nonlocal out
             mine = reduce_scattered_blocks(reducing, 2, counts, mesh, scatter_dim)
+            if columns is None:  # the whole result
+                out = mine.contiguous()
+                return
             if out is None:  # the result has the stationary tile's blocks
                 out = mine.new_zeros(stationary.shape)
             out.index_copy_(2, columns, mine)
@@ -325,21 +335,27 @@ class PanelProduct(torch.autograd.Function):
         scatter_dim = 1 - gather_dim
         need_s, need_m = ctx.needs_input_grad[:2]
         grad_s = torch.zeros_like(stationary) if need_s else None
-        grad_m = torch.zeros_like(moving) if need_m else None
+        grad_m = None
         if not (need_s or need_m):
             return None, None, None, None, None, None, None
 
         def start_panel(p: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-            g_piece = grad.index_select(2, local.scattered[p])
+            g_piece = _take(grad, 2, local.scattered[p])
             g = start_gather_blocks(g_piece, 2, plan[p].scattered_counts, mesh, scatter_dim)
             m = None
             if need_s:
-                m_piece = moving.index_select(1, local.gathered[p])
+                m_piece = _take(moving, 1, local.gathered[p])
                 m = start_gather_blocks(m_piece, 1, plan[p].gathered_counts, mesh, gather_dim)
             return g, m
 
-        def place(reducing: torch.Tensor, counts: tuple[int, ...], rows: torch.Tensor):
+        def place(reducing: torch.Tensor, counts: tuple[int, ...], rows: torch.Tensor | None):
+            nonlocal grad_m
             mine = reduce_scattered_blocks(reducing, 1, counts, mesh, gather_dim)
+            if rows is None:  # the whole gradient
+                grad_m = mine.to(moving.dtype).contiguous()
+                return
+            if grad_m is None:
+                grad_m = torch.zeros_like(moving)
             grad_m.index_copy_(1, rows, mine.to(grad_m.dtype))
 
         started = start_panel(0) if plan else None
@@ -365,6 +381,8 @@ class PanelProduct(torch.autograd.Function):
             del g_panel
         if pending is not None:
             place(*pending)
+        if need_m and grad_m is None:
+            grad_m = torch.zeros_like(moving)
         return grad_s, grad_m, None, None, None, None, None
 
 

@@ -355,7 +355,7 @@ def test_overlapped_steps_give_the_same_bits_and_collectives(fold_mesh, starting
     mask = (torch.rand(1, n, m, generator=g) > 0.2).float()
     strip = torch.randn(1, HEADS, m, 37, generator=g)
     grad_out = torch.randn(1, n, HEADS, m, HIDDEN, generator=g)
-    column = n * (2 * HEADS * HIDDEN + 1) * 4
+    column = n * HEADS * (2 * HIDDEN + 1) * 4
 
     with recorded_pieces() as seen:
         on = Stream.of(layout, score_bytes_per_key=1, inf=1e9, key_column_bytes=column)
