@@ -37,6 +37,9 @@ Measured per launch and ``N`` (every figure the same on every rank):
   output (its backward starts) and a hook on the gradient of its input (its backward is
   done) switch it, following the autograd engine's order. Per op: bytes of the largest
   rank, averaged over the layers;
+* **bytes copied per step per op**: in the same first step, the bytes written by ops that
+  only move data (:class:`~physicsnemo_foldcp.testing.copies.CopyBytes`), per op as the
+  collectives are, largest rank; beside one serial step's;
 * **gathers the plugin reported** (:func:`physicsnemo_foldcp.core.events.observe`, kind
   ``fallback``: an op that could not stay on the local blocks), with their op names and the
   layer op they came from; ideally none;
