@@ -27,26 +27,12 @@ from pathlib import Path
 import torch
 
 try:
+    from benchmarks import bench_pairformer as pairformer
     from benchmarks import common
-    from benchmarks.bench_pairformer import (
-        PAIR,
-        PairformerSizes,
-        build_module,
-        pair_inputs,
-        pair_loss,
-        rewrapper,
-    )
 except ModuleNotFoundError:  # run as a script: the repository root is not on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import bench_pairformer as pairformer
     from benchmarks import common
-    from benchmarks.bench_pairformer import (
-        PAIR,
-        PairformerSizes,
-        build_module,
-        pair_inputs,
-        pair_loss,
-        rewrapper,
-    )
 
 import physicsnemo_foldcp as fc
 import physicsnemo_foldcp.boltz as fc_boltz
@@ -60,22 +46,22 @@ TINY_BUDGET_MIB = 1e-6
 
 
 def pairformer_results(
-    mesh, n_tokens: int, budget_mib: float, sizes: PairformerSizes, seed: int = 0
+    mesh, n_tokens: int, budget_mib: float, sizes: pairformer.PairformerSizes, seed: int = 0
 ) -> dict[str, torch.Tensor]:
     """This rank's output blocks and gradients of one Pairformer step at ``budget_mib``."""
-    module = build_module(sizes, seed, init_noise=0.1).to(mesh.device)
+    module = pairformer.build_module(sizes, seed, init_noise=0.1).to(mesh.device)
     layout = TokenLayout(mesh, n_tokens)
-    s, z, mask, pair_mask = pair_inputs(n_tokens, sizes, seed, padded=3)
+    s, z, mask, pair_mask = pairformer.pair_inputs(n_tokens, sizes, seed, padded=3)
     s_leaf = layout.local(s, ("tokens", None)).requires_grad_(True)
-    z_leaf = layout.local(z, PAIR).requires_grad_(True)
+    z_leaf = layout.local(z, pairformer.PAIR).requires_grad_(True)
     m_st, _ = layout.shard(mask, ("tokens",))
     p_st, _ = layout.shard(pair_mask, ("tokens", "tokens"))
-    wrap_s = rewrapper(layout, (1, n_tokens, sizes.token_s), ("tokens", None))
-    wrap_z = rewrapper(layout, (1, n_tokens, n_tokens, sizes.token_z), PAIR)
+    wrap_s = pairformer.rewrapper(layout, (1, n_tokens, sizes.token_s), ("tokens", None))
+    wrap_z = pairformer.rewrapper(layout, (1, n_tokens, n_tokens, sizes.token_z), pairformer.PAIR)
     with work_budget(budget_mib):
         torch.manual_seed(seed + 1)
         s_out, z_out = module(wrap_s(s_leaf), wrap_z(z_leaf), m_st, p_st)
-        pair_loss(s_out, z_out, m_st, p_st).backward()
+        pairformer.pair_loss(s_out, z_out, m_st, p_st).backward()
     tag = f"N{n_tokens}_budget{budget_mib:g}"
     out = {
         f"{tag}/s_out": compat.local_tensor(s_out).detach(),
@@ -98,7 +84,7 @@ def save(
         results: dict[str, torch.Tensor] = {}
         for n in tokens:
             for budget in budgets:
-                results.update(pairformer_results(mesh, n, budget, PairformerSizes()))
+                results.update(pairformer_results(mesh, n, budget, pairformer.PairformerSizes()))
         out.mkdir(parents=True, exist_ok=True)
         torch.save({k: v.cpu() for k, v in results.items()}, out / f"rank{mesh.rank}.pt")
         if mesh.rank == 0:

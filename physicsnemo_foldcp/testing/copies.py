@@ -9,13 +9,11 @@ the serial module's.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from physicsnemo_foldcp.testing.counting import LocalCounter
 
 MOVES = (
     "cat",
@@ -40,56 +38,23 @@ def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-class CopyBytes(TorchDispatchMode):
+class CopyBytes(LocalCounter):
     """Bytes written by the data-moving ops (:data:`MOVES`) on plain tensors in the block.
 
-    Ops on distributed tensors are left to the subclass (whose local ops come back here
-    on plain tensors), as :class:`~physicsnemo_foldcp.testing.flops.LocalFlops` does.
-
-    Parameters
-    ----------
-    where : callable, optional
-        Names the part of the model running; the bytes go to :attr:`by_part` under it too.
-
-    Attributes
-    ----------
-    by_op : Counter
-        ``{aten op name: bytes}``.
-    calls : Counter
-        ``{aten op name: calls}``.
-    by_part : Counter
-        ``{where(): bytes}`` (empty without ``where``).
+    Ops on distributed tensors are left to the subclass, whose local ops come back here
+    on plain tensors (:class:`~physicsnemo_foldcp.testing.counting.LocalCounter`, whose
+    ``where`` it takes; ``by_op``, ``by_part`` and ``total`` are in bytes).
     """
 
-    def __init__(self, where: Callable[[], str] | None = None) -> None:
-        super().__init__()
-        self._where = where
-        self.by_op: Counter = Counter()
-        self.calls: Counter = Counter()
-        self.by_part: Counter = Counter()
-
-    @property
-    def total(self) -> int:
-        """Bytes counted so far."""
-        return sum(self.by_op.values())
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None) -> Any:
-        kwargs = kwargs or {}
-        if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented
-        out = func(*args, **kwargs)
+    def measure(self, func, args: tuple, kwargs: dict, out: Any) -> int:
+        """Bytes a data-moving op writes, 0 for any other op."""
         name = func._overloadpacket.__name__
-        if name in MOVES:
-            source = _IN_PLACE_SOURCE.get(name)
-            if source is None:
-                written = _nbytes(out)
-            else:
-                written = args[source].numel() * args[0].element_size()
-            self.by_op[name] += written
-            self.calls[name] += 1
-            if self._where is not None:
-                self.by_part[self._where()] += written
-        return out
+        if name not in MOVES:
+            return 0
+        source = _IN_PLACE_SOURCE.get(name)
+        if source is None:
+            return _nbytes(out)
+        return args[source].numel() * args[0].element_size()
 
 
 __all__ = ["MOVES", "CopyBytes"]

@@ -3,76 +3,49 @@
 A distributed step repeats no work when the FLOPs of its ranks add up to the serial
 step's. torch's ``FlopCounterMode`` cannot say so: it sees an op on a distributed tensor
 (a ``DTensor`` or the plugin's ``ShardTensor``) before the tensor subclass does and
-counts it at the global shape, as if this rank computed the whole op, and the local ops
-the subclass then runs go uncounted. :class:`LocalFlops` leaves every op on a distributed
-tensor to the subclass (a dispatch mode that returns ``NotImplemented`` stays on for what
-the subclass runs) and counts only ops on plain tensors, which are the local blocks, with
-torch's own FLOP formulas.
+counts it at the global shape. :class:`LocalFlops` counts only the ops on the local blocks
+(:class:`~physicsnemo_foldcp.testing.counting.LocalCounter`), with torch's own FLOP
+formulas.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from physicsnemo_foldcp.testing.counting import LocalCounter
 
-class LocalFlops(TorchDispatchMode):
+
+class LocalFlops(LocalCounter):
     """Floating-point operations of the ops on plain (local) tensors run inside the block.
 
     Forward and backward alike (the backward runs the mode's ops on the calling thread
     on CPU; on CUDA too, as autograd propagates dispatch modes). Ops without a FLOP
     formula in torch (element-wise ops, norms, copies, collectives) count nothing: the
     count covers matrix products, convolutions and attention, which set the cost.
-
-    Parameters
-    ----------
-    where : callable, optional
-        Names the part of the model running (called at each counted op); the counts go to
-        :attr:`by_part` under that name too.
-
-    Attributes
-    ----------
-    by_op : Counter
-        ``{aten op name: FLOPs}``.
-    by_part : Counter
-        ``{where(): FLOPs}`` (empty without ``where``).
+    ``by_op``, ``by_part`` and ``total`` are in FLOPs (:class:`LocalCounter`, whose
+    ``where`` it takes).
     """
 
     def __init__(self, where: Callable[[], str] | None = None) -> None:
-        super().__init__()
+        super().__init__(where)
         self._formulas = FlopCounterMode(display=False).flop_registry
-        self._where = where
-        self.by_op: Counter = Counter()
-        self.by_part: Counter = Counter()
 
-    @property
-    def total(self) -> int:
-        """FLOPs counted so far."""
-        return sum(self.by_op.values())
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None) -> Any:
-        kwargs = kwargs or {}
-        if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # the subclass runs its local ops, which come back here
-        packet = func._overloadpacket
-        if packet not in self._formulas:
+    def run(self, func, args: tuple, kwargs: dict) -> Any:
+        """An op without a formula is decomposed, so that the products inside it count."""
+        if func._overloadpacket not in self._formulas:
             with self:
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
-        out = func(*args, **kwargs)
-        formula = self._formulas.get(packet)
-        if formula is not None:
-            flops = int(formula(*args, **kwargs, out_val=out))
-            self.by_op[packet.__name__] += flops
-            if self._where is not None:
-                self.by_part[self._where()] += flops
-        return out
+        return func(*args, **kwargs)
+
+    def measure(self, func, args: tuple, kwargs: dict, out: Any) -> int:
+        """The op's FLOPs by torch's formula, 0 without one."""
+        formula = self._formulas.get(func._overloadpacket)
+        return 0 if formula is None else formula(*args, **kwargs, out_val=out)
 
 
 __all__ = ["LocalFlops"]
