@@ -157,17 +157,24 @@ def test_collectives_are_counted_and_correct(fold_mesh):
         reduced = compat.all_reduce(x, "sum", mesh, 0)
         maxed = compat.all_reduce(x, "max", mesh, 0)
         scattered = compat.reduce_scatter(torch.ones(4, 3) * (1 + i), 0, mesh, 0)
-    counts = sum(mode.get_comm_counts().values())
+    problems = gather_and_scatter_problems(gathered, scattered, mode, 4)
+    if not torch.equal(reduced, torch.full((2, 3), 3.0)) or not torch.equal(maxed, x * 0 + 2):
+        problems.append("all_reduce")
+    collective_assert(not problems and dist.is_initialized(), "; ".join(problems))
+
+
+def gather_and_scatter_problems(gathered, scattered, mode, collectives: int) -> list[str]:
+    """What is wrong with the cp0 gather of ``1 + i``, the scatter of ``(1 + i) * ones(4, 3)``
+    and the count of collectives (empty when nothing is)."""
     problems = []
     if not torch.equal(gathered, torch.cat([torch.full((2, 3), 1.0), torch.full((2, 3), 2.0)])):
         problems.append(f"all_gather {gathered}")
-    if not torch.equal(reduced, torch.full((2, 3), 3.0)) or not torch.equal(maxed, x * 0 + 2):
-        problems.append("all_reduce")
     if not torch.equal(scattered, torch.full((2, 3), 3.0)):
         problems.append(f"reduce_scatter {scattered}")
-    if counts != 4:
-        problems.append(f"CommDebugMode counted {counts} collectives, not 4")
-    collective_assert(not problems and dist.is_initialized(), "; ".join(problems))
+    counts = sum(mode.get_comm_counts().values())
+    if counts != collectives:
+        problems.append(f"CommDebugMode counted {counts} collectives, not {collectives}")
+    return problems
 
 
 @distributed
@@ -181,18 +188,11 @@ def test_started_collectives_return_before_the_data_and_are_counted(fold_mesh):
         scattering = compat.start_reduce_scatter(torch.ones(4, 3) * (1 + i), mesh, 0)
         pending = [type(t).__name__ for t in (gathering, scattering)]
         gathered, scattered = compat.wait(gathering), compat.wait(scattering)
-    counts = sum(mode.get_comm_counts().values())
-    problems = []
+    problems = gather_and_scatter_problems(gathered, scattered, mode, 2)
     if pending != ["AsyncCollectiveTensor"] * 2:
         problems.append(f"started collectives returned {pending}, not unwaited tensors")
     if type(gathered) is not torch.Tensor or type(scattered) is not torch.Tensor:
         problems.append("wait did not return plain tensors")
-    if not torch.equal(gathered, torch.cat([torch.full((2, 3), 1.0), torch.full((2, 3), 2.0)])):
-        problems.append(f"all_gather {gathered}")
-    if not torch.equal(scattered, torch.full((2, 3), 3.0)):
-        problems.append(f"reduce_scatter {scattered}")
-    if counts != 2:
-        problems.append(f"CommDebugMode counted {counts} collectives, not 2")
     collective_assert(not problems, "; ".join(problems))
 
 
