@@ -284,7 +284,7 @@ class Stream:
 
     @classmethod
     def of(
-        cls, layout: Layout, score_bytes_per_key: int, inf: float, key_column_bytes: int = 0
+        cls, layout: Layout, score_bytes_per_key: int, inf: float, key_column_bytes: int
     ) -> Stream:
         """``w = ceil(widest key block / ranks)``: about one key tile gathered per step.
 

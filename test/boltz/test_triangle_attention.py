@@ -180,7 +180,7 @@ def test_stream_visits_every_key_once(row_sizes, key_sizes):
     for q in range(len(key_sizes)):
         layout = Layout(None, 0, 1, tuple(row_sizes), tuple(key_sizes), 0, q)
         with work_budget(4 * SCORE_COPIES / MIB):  # 4 keys of one byte each
-            stream = Stream.of(layout, score_bytes_per_key=1, inf=1e9)
+            stream = Stream.of(layout, score_bytes_per_key=1, inf=1e9, key_column_bytes=1)
         assert stream.key_chunk == min(4, stream.width)
         seen = []
         for step in range(stream.steps):
@@ -197,7 +197,9 @@ def test_key_chunk_is_the_widest_that_fits_the_budget():
     per_key = 1 * 64 * 4 * 64 * 4  # [B, n, H, m] fp32 logits of one key
     for budget_keys, chunk in ((0.5, 1), (1, 1), (5, 5), (64, 64), (1000, 64)):
         with work_budget(budget_keys * SCORE_COPIES * per_key / MIB), recorded_pieces() as seen:
-            assert Stream.of(layout, per_key, inf=1e9).key_chunk == chunk, budget_keys
+            assert Stream.of(layout, per_key, inf=1e9, key_column_bytes=1).key_chunk == chunk, (
+                budget_keys
+            )
         assert seen == {"triangle attention": {f"key chunk {chunk} of 64"}}
     with pytest.raises(ValueError, match="work_budget_mib"):
         with work_budget(0):
