@@ -126,6 +126,9 @@ class CollectiveBytes(CommDebugMode):
 
     def _label(self, args: Sequence[Any]) -> str:
         for a in args:
+            if isinstance(a, torch.ScriptObject):  # an in-place c10d op's group, boxed
+                with contextlib.suppress(RuntimeError):
+                    a = dist.ProcessGroup.unbox(a)
             name = a if isinstance(a, str) else getattr(a, "group_name", None)
             if isinstance(name, str) and name in self.groups:
                 return self.groups[name]

@@ -100,6 +100,7 @@ import physicsnemo_foldcp as fc
 import physicsnemo_foldcp.boltz as fc_boltz
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
+from physicsnemo_foldcp.distributed.wrappers import unwrap
 from physicsnemo_foldcp.models.boltz2_config import Boltz2TrunkConfig
 from physicsnemo_foldcp.sharding.plan import even_token_bounds
 from physicsnemo_foldcp.testing.collectives import count_p2p
@@ -311,7 +312,7 @@ def parameter_count(sizes: TrunkSizes) -> int:
 def step_loss(model: torch.nn.Module, feats: Mapping[str, Any], dropout_seed: int) -> torch.Tensor:
     """Forward (no recycling) and Boltz-2's distogram loss, dropout drawn from ``dropout_seed``."""
     torch.manual_seed(dropout_seed)
-    return model.loss(model(recycling_steps=0, **feats), feats)
+    return unwrap(model).loss(model(recycling_steps=0, **feats), feats)
 
 
 STAGES = ("input_embedder", "msa_module", "distogram_module")

@@ -364,7 +364,8 @@ def gather_rows(item: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
 
 
 def fmt(value: Any, digits: int = 3) -> str:
-    """Table cell: floats to ``digits`` significant decimals, ``None`` to ``-``."""
+    """Table cell: floats to ``digits`` decimals (in ``1.2e-07`` form where that would show
+    a non-zero value as zero), ``None`` to ``-``."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -372,6 +373,8 @@ def fmt(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "-"
+        if value and abs(value) < 0.5 * 10**-digits:
+            return f"{value:.1e}"
         return f"{value:.{digits}f}"
     return str(value)
 

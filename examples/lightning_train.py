@@ -131,7 +131,9 @@ def main(cfg: DictConfig) -> None:
                 )
             )
         trainer = pl.Trainer(
-            strategy=FoldCPStrategy(mesh=mesh, wrapper=settings.wrapper),
+            strategy=FoldCPStrategy(
+                mesh=mesh, wrapper=settings.wrapper, grad_bucket_mib=settings.grad_bucket_mib
+            ),
             accelerator="gpu" if mesh.device.type == "cuda" else "cpu",
             devices=1,
             precision=LIGHTNING_PRECISION[settings.precision],

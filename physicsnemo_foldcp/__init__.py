@@ -13,6 +13,7 @@ from physicsnemo_foldcp import versions
 versions.check()
 
 from physicsnemo_foldcp import ops
+from physicsnemo_foldcp.core.grad_buckets import attach_gradient_buckets
 from physicsnemo_foldcp.data import ShardedLoader, ShardedSample
 from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown, wrap_model
 from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec
@@ -34,6 +35,7 @@ __all__ = [
     "FoldMesh",
     "ShardedFeatures",
     "__version__",
+    "attach_gradient_buckets",
     "gather_features",
     "init_mesh",
     "scatter_features",

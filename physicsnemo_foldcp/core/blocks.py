@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core import compat, partial_grads
 
 ROWS = 0
 """Mesh dim of the token row blocks (``cp0``)."""
@@ -481,22 +481,36 @@ class TileParameters(torch.autograd.Function):
     parameters as they are (no communication). Backward: the gradients of all of them
     flattened into one buffer, then ONE ``all_reduce`` of it per mesh dim in
     ``mesh_dims`` (none for a dim of size 1), so every rank holds the serial gradient.
+    A parameter attached to gradient buckets (:mod:`~physicsnemo_foldcp.core.partial_grads`)
+    leaves its part in its bucket instead, reduced once per step with the others.
     """
 
     @staticmethod
     def forward(ctx, mesh: DeviceMesh, mesh_dims: tuple[int, ...], *params: torch.Tensor):
         """``params`` unchanged (as views, so autograd routes their gradients here)."""
         ctx.mesh, ctx.mesh_dims = mesh, mesh_dims
+        ctx.params = params if partial_grads.any_attached() else ()
         return tuple(p.view_as(p) for p in params)
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         """The gradients, summed over ``mesh_dims`` in one flat buffer per mesh dim."""
-        flat = torch.cat([g.reshape(-1) for g in grads])  # unused outputs: zeros (materialized)
-        for mesh_dim in ctx.mesh_dims:
-            flat = all_reduce(flat, ctx.mesh, mesh_dim)
-        out, offset = [], 0
-        for g in grads:
-            out.append(flat.narrow(0, offset, g.numel()).view(g.shape))
-            offset += g.numel()
+        dims = tuple(m for m in ctx.mesh_dims if ctx.mesh.size(m) > 1)
+        out: list[torch.Tensor | None] = [None] * len(grads)
+        immediate = []
+        for i, g in enumerate(grads):  # unused outputs: zeros (materialized)
+            if ctx.params and partial_grads.kept(ctx.params[i], g, ctx.mesh, dims):
+                out[i] = partial_grads.kept_gradient(g)
+            else:
+                immediate.append(i)
+        if immediate:
+            flat = torch.cat([grads[i].reshape(-1) for i in immediate])
+            for mesh_dim in dims:
+                flat = all_reduce(flat, ctx.mesh, mesh_dim)
+            if dims:
+                partial_grads.note_reduced_per_call(len(dims))
+            offset = 0
+            for i in immediate:
+                out[i] = flat.narrow(0, offset, grads[i].numel()).view(grads[i].shape)
+                offset += grads[i].numel()
         return (None, None, *out)

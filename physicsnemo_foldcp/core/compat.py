@@ -260,6 +260,21 @@ def all_to_all(
     return _waited(out)
 
 
+# -- autograd engine -------------------------------------------------------------------------
+
+
+def at_end_of_backward(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the backward pass now running has finished.
+
+    Upstream: ``torch.autograd.Variable._execution_engine.queue_callback``, as DDP's
+    reducer and FSDP2's root use it. Relied on: called from a hook while the engine runs
+    a backward, the callback runs after every node of that backward, nested backwards
+    included. A callback queued inside a reentrant checkpoint's nested backward runs when
+    that nested backward ends, so callers queue from a hook of the outer graph.
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
 # -- CommDebugMode ---------------------------------------------------------------------------
 
 
@@ -357,6 +372,7 @@ def replace_reader_file_system(reader: Any, file_system: Any) -> None:
 
 __all__ = [
     "UPSTREAM_FALLBACKS",
+    "at_end_of_backward",
     "checkpoint_metadata_globals",
     "checkpoint_storage_info_type",
     "all_gather",

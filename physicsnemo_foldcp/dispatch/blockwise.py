@@ -46,7 +46,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-from physicsnemo_foldcp.core import compat, events
+from physicsnemo_foldcp.core import compat, events, partial_grads
 from physicsnemo_foldcp.core.blocks import (
     ShardingLayoutError,
     SumToReplicate,
@@ -214,12 +214,17 @@ class ReplicatedPart(torch.autograd.Function):
     Forward: ``narrow`` along each ``(dim, start, length)`` (no communication). Backward:
     the gradient placed back into a zero tensor of the full shape, then ONE all-reduce
     per mesh dim in ``reduce_dims`` (the ranks along it each hold part of the gradient).
+    A parameter attached to gradient buckets (:mod:`~physicsnemo_foldcp.core.partial_grads`)
+    leaves its part in its bucket instead, reduced once per step with the others.
     """
 
     @staticmethod
     def forward(ctx, full, narrows, reduce_dims, mesh):
         """``full`` cut to ``narrows`` (``(dim, start, length)`` each)."""
         ctx.args = (tuple(full.shape), narrows, reduce_dims, mesh)
+        # Only an attached parameter is kept on ctx (an activation would be held alive).
+        ctx.param = full if reduce_dims and partial_grads.slot_of(full) is not None else None
+        ctx.is_parameter = full.is_leaf and full.requires_grad
         out = full
         for dim, start, length in narrows:
             out = out.narrow(dim, start, length)
@@ -229,6 +234,10 @@ class ReplicatedPart(torch.autograd.Function):
     def backward(ctx, grad):
         """``grad`` placed back into the full shape and summed over ``reduce_dims``."""
         shape, narrows, reduce_dims, mesh = ctx.args
+        if ctx.param is not None and partial_grads.kept(
+            ctx.param, grad, mesh, reduce_dims, narrows
+        ):
+            return partial_grads.kept_gradient(ctx.param), None, None, None
         if narrows:
             full = grad.new_zeros(shape)
             region = full
@@ -238,6 +247,8 @@ class ReplicatedPart(torch.autograd.Function):
             grad = full
         for mesh_dim in reduce_dims:
             grad = all_reduce(grad, mesh, mesh_dim)
+        if ctx.is_parameter and reduce_dims:
+            partial_grads.note_reduced_per_call(len(reduce_dims))
         return grad, None, None, None
 
 

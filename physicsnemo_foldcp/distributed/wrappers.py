@@ -8,9 +8,10 @@
 In every case the parameters are first made equal over the domain group (neither DDP nor
 FSDP2 syncs over it), so each domain group starts from its source's values.
 
-Gradients: ShardTensor's weight promotion sums each plain parameter's gradient over the
-domain mesh during ``backward`` (an all-reduce over every mesh dim that shards the
-activation it met); DDP and FSDP2 then average over ``ddp``. The step therefore optimises
+Gradients: each plain parameter's gradient is summed over the domain mesh during
+``backward``, per module call (an all-reduce over every mesh dim that shards the activation
+it met) or, with :func:`~physicsnemo_foldcp.core.grad_buckets.attach_gradient_buckets`, in a
+few buckets per step; DDP and FSDP2 then average over ``ddp``. The step therefore optimises
 the mean over domain groups of their samples' losses.
 """
 

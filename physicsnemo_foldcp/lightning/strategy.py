@@ -10,6 +10,8 @@ sample and one model replica; only the ``ddp`` axis holds replicas. This strateg
   :func:`~physicsnemo_foldcp.distributed.wrap_model` (no wrapper, DDP, or FSDP2 with the
   model's ``fsdp_units``; never FSDP1), and routes every ``*_step`` through the wrapper
   so DDP's and FSDP2's hooks run;
+* sums parameter gradients over the domain in buckets, as the training loop does
+  (:func:`~physicsnemo_foldcp.core.grad_buckets.attach_gradient_buckets`);
 * leaves the data order to the :class:`~physicsnemo_foldcp.data.ShardedLoader` (a
   :class:`~physicsnemo_foldcp.data.FoldCPDataModule` gets its mesh from here); a plain
   ``DataLoader``, which Lightning would re-shard over every rank, is refused;
@@ -50,9 +52,16 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils.data import DataLoader
 
 from physicsnemo_foldcp.core import compat
+from physicsnemo_foldcp.core.grad_buckets import (
+    DEFAULT_BUCKET_MIB,
+    GradientBuckets,
+    attach_gradient_buckets,
+    attached_buckets,
+)
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import WRAPPERS, sync_over_domain, wrap_model
+from physicsnemo_foldcp.training.bounds import check_range
 from physicsnemo_foldcp.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -110,6 +119,10 @@ class FoldCPStrategy(ParallelStrategy):
         takes its model's), else none.
     timeout_s : float, optional
         Bound on every collective wait (see :func:`~physicsnemo_foldcp.init_mesh`).
+    grad_bucket_mib : float, default 25
+        Size cap of the buckets in which ``fit`` sums parameter gradients over the domain
+        (:func:`~physicsnemo_foldcp.core.grad_buckets.attach_gradient_buckets`); ``0``:
+        each module's backward sums its own.
     mesh : FoldMesh, optional
         A mesh already built with :func:`~physicsnemo_foldcp.init_mesh`; then ``cp``,
         ``ddp`` and ``timeout_s`` are not used.
@@ -139,6 +152,7 @@ class FoldCPStrategy(ParallelStrategy):
         wrapper: str = "auto",
         fsdp_units: Sequence[str | type] | None = None,
         timeout_s: float | None = None,
+        grad_bucket_mib: float = DEFAULT_BUCKET_MIB,
         mesh: FoldMesh | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: Any = None,
@@ -154,6 +168,9 @@ class FoldCPStrategy(ParallelStrategy):
         self._wrapper = wrapper
         self._fsdp_units = fsdp_units
         self._timeout_s = timeout_s
+        check_range("grad_bucket_mib", grad_bucket_mib, low=0)
+        self._grad_bucket_mib = grad_bucket_mib
+        self._buckets: GradientBuckets | None = None
         self._mesh = mesh
 
     # -- the mesh and this process -----------------------------------------------------------
@@ -260,6 +277,7 @@ class FoldCPStrategy(ParallelStrategy):
         elif not sharded:
             sync_over_domain(self.model, self.mesh)
         if trainer.state.fn == TrainerFn.FITTING:
+            self._attach_buckets()
             self.setup_optimizers(trainer)
             if len(self.optimizers) != 1:
                 raise ValueError(
@@ -267,6 +285,15 @@ class FoldCPStrategy(ParallelStrategy):
                     f"{len(self.optimizers)}"
                 )
         self.setup_precision_plugin()
+
+    def _attach_buckets(self) -> None:
+        """Gradient buckets on the wrapped model (again, on a later ``fit``)."""
+        earlier = attached_buckets(self.model)
+        if earlier is not None:
+            earlier.detach()
+        self._buckets = None
+        if self._grad_bucket_mib > 0:
+            self._buckets = attach_gradient_buckets(self.model, self.mesh, self._grad_bucket_mib)
 
     def _step(self, name: str, context: Any, *args: Any, **kwargs: Any) -> Any:
         assert self.lightning_module is not None and self.model is not None
@@ -281,7 +308,10 @@ class FoldCPStrategy(ParallelStrategy):
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """The LightningModule's ``training_step``, through the ``ddp`` wrapper."""
         context = self.precision_plugin.train_step_context
-        return self._step("training_step", context, *args, **kwargs)
+        output = self._step("training_step", context, *args, **kwargs)
+        if self._buckets is not None:
+            self._buckets.watch(output)  # training_step is not forward: the hook missed it
+        return output
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         """The LightningModule's ``validation_step``, through the ``ddp`` wrapper."""

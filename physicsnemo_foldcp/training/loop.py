@@ -32,6 +32,7 @@ from physicsnemo.domain_parallel import ShardTensor
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from physicsnemo_foldcp.core.grad_buckets import DEFAULT_BUCKET_MIB, attach_gradient_buckets
 from physicsnemo_foldcp.data.loader import ShardedLoader
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import (
@@ -176,6 +177,13 @@ class TrainSettings:
     loss : str or None
         Path of a ``loss(outputs, features)`` function; ``None``: the model's ``loss``
         method.
+    grad_bucket_mib : float
+        Size cap of the buckets in which parameter gradients are summed over the domain
+        mesh, one all-reduce per bucket per step
+        (:func:`~physicsnemo_foldcp.core.grad_buckets.attach_gradient_buckets`); ``0``:
+        each module's backward sums its own (one all-reduce per call and mesh dim). Not
+        with ``compile=regional``, whose regions sum their parameters' gradients after
+        the backward.
 
     Notes
     -----
@@ -203,6 +211,7 @@ class TrainSettings:
     fsdp_units: list[str] | None = None
     compile_regions: list[str] | None = None
     loss: str | None = None
+    grad_bucket_mib: float = DEFAULT_BUCKET_MIB
 
     def __post_init__(self) -> None:
         self.check()
@@ -219,6 +228,7 @@ class TrainSettings:
         check_seed("train.seed", self.seed)
         check_range("train.log_every", self.log_every, low=0, integer=True)
         check_range("train.checkpoint_every", self.checkpoint_every, low=0, integer=True)
+        check_range("train.grad_bucket_mib", self.grad_bucket_mib, low=0)
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.compile not in COMPILE_MODES:
@@ -712,6 +722,8 @@ def _build_run(
         regions=setup.regions,
         backend=settings.compile_backend,
     )
+    if settings.grad_bucket_mib > 0 and setup.compiled != "regional":
+        attach_gradient_buckets(wrapped, mesh, settings.grad_bucket_mib)
     if mesh.rank == 0:
         logger.info(
             "mesh %s (ddp x cp0 x cp1), model wrapped as %s over ddp",

@@ -94,6 +94,30 @@ def test_plain_function_call_skips_subclass_dispatch():
     assert not calls
 
 
+def test_at_end_of_backward_runs_when_the_backward_it_was_queued_from_ends():
+    from torch.utils.checkpoint import checkpoint
+
+    events = []
+    weight = torch.ones(3, requires_grad=True)
+    weight.register_post_accumulate_grad_hook(lambda p: events.append("weight"))
+
+    def inner(x):
+        out = x * weight
+        if out.requires_grad:  # the recomputation inside the checkpoint's backward
+            out.register_hook(lambda g: compat.at_end_of_backward(lambda: events.append("nested")))
+        return out
+
+    x = torch.ones(3, requires_grad=True)
+    y = (checkpoint(inner, x, use_reentrant=True) * 2).sum()
+    y.register_hook(lambda g: compat.at_end_of_backward(lambda: events.append("outer")))
+    y.backward()
+    # The callback queued inside the checkpoint's nested backward runs when that ends (after
+    # the weight's gradient, accumulated there); the one queued from the outer backward, first
+    # queued, runs last of all.
+    assert events == ["weight", "nested", "outer"]
+    assert torch.equal(weight.grad, torch.full((3,), 2.0))
+
+
 # -- distributed: names that describe ShardTensors --------------------------------------------
 
 
