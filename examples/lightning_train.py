@@ -84,6 +84,11 @@ def main(cfg: DictConfig) -> None:
             f"train.compile={settings.compile!r}: examples/lightning_train.py runs the model "
             "eagerly; use examples/train.py to compile"
         )
+    if settings.ema_decay:
+        raise ValueError(
+            f"train.ema_decay={settings.ema_decay}: examples/lightning_train.py keeps no "
+            "moving average of the weights; use examples/train.py"
+        )
     setup_logging(conf.logging.level)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     data = data_config(conf.data)

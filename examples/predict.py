@@ -58,7 +58,7 @@ def main(cfg: DictConfig) -> None:
         model = build_model(conf.model, options.seed).to(mesh.device)
         dataset = build_dataset(data, model)
         if options.checkpoint:
-            load_checkpoint(options.checkpoint, model, restore_rng=False)
+            load_checkpoint(options.checkpoint, model, restore_rng=False, weights=options.weights)
         common = dict(
             registry=registry,
             precision=options.precision,

@@ -7,6 +7,8 @@
   a run may rewrite; :mod:`~physicsnemo_foldcp.training.runlock`: one run per directory.
 * :mod:`~physicsnemo_foldcp.training.boltz_weights`: Boltz-2's released Lightning weights,
   read without running code from them and converted to a checkpoint directory.
+* :class:`WeightAverage`: the moving average of the weights Boltz trains with
+  (``train.ema_decay``), checkpointed beside them.
 * :func:`predict`: distograms of a dataset, written in the serial layout.
 * :func:`validate_model`: serial vs distributed comparison of your own model.
 * :func:`compile_model`: whole-model or regional ``torch.compile`` by CP shape.
@@ -23,6 +25,7 @@ from physicsnemo_foldcp.training.checkpoint import (
     save_checkpoint,
 )
 from physicsnemo_foldcp.training.compile import compile_model, resolve_compile_mode
+from physicsnemo_foldcp.training.ema import WeightAverage
 from physicsnemo_foldcp.training.hooks import model_loss, module_types
 from physicsnemo_foldcp.training.loop import (
     BatchSizeError,
@@ -61,6 +64,7 @@ __all__ = [
     "TrainResult",
     "TrainSettings",
     "ValidationReport",
+    "WeightAverage",
     "batched",
     "build_optimizer",
     "check_batch",

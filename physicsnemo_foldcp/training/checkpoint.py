@@ -5,13 +5,17 @@ One directory per checkpoint, ``<dir>/step_<k:08d>/``:
 * the model and optimizer tensors, written with ``torch.distributed.checkpoint`` (DCP):
   each rank writes its part (under FSDP2 its shards, nothing is gathered), keyed by
   parameter name (``model.<fqn>``, ``optimizer.state.<fqn>.<name>``), so a checkpoint
-  loads into any wrapper (none, DDP, FSDP2) on any mesh, resharded by DCP;
+  loads into any wrapper (none, DDP, FSDP2) on any mesh, resharded by DCP; with an
+  exponential moving average of the weights
+  (:class:`~physicsnemo_foldcp.training.ema.WeightAverage`), its tensors too
+  (``ema.<fqn>``), keyed and resharded like the model's;
 * ``state.pt`` (:data:`STATE_NAME`), plain data and tensors only: ``step``, the mesh
   shape and world size it was written on, the optimizer's ``param_groups`` (and any other
   non-tensor optimizer state), the :class:`~physicsnemo_foldcp.data.ShardedLoader`
   position, every rank's random generator states
-  (:mod:`~physicsnemo_foldcp.training.rng_state`) and ``extra`` (e.g. the run's
-  configuration).
+  (:mod:`~physicsnemo_foldcp.training.rng_state`), ``extra`` (e.g. the run's
+  configuration) and ``ema_step``, the step the average last took in (absent without
+  an average).
 
 Saving is collective: every rank writes its DCP part into ``.step_<k>.tmp.<id>/`` (a
 name unique to this save, chosen by rank 0, so two jobs never share one); after a barrier
@@ -70,6 +74,7 @@ from physicsnemo_foldcp.training.atomic import (
     replace_directory,
     temporary_sibling,
 )
+from physicsnemo_foldcp.training.ema import WeightAverage
 from physicsnemo_foldcp.training.rng_state import gather_job_rng, restore_job_rng
 from physicsnemo_foldcp.training.safe_dcp import (
     METADATA_NAME,
@@ -96,6 +101,9 @@ MAX_STATE_BYTES = 256 * 2**20
 """Largest ``state.pt`` read (every rank's generator states take about 20 kB)."""
 
 PLAIN_TYPES = (str, int, float, bool, type(None))
+
+LOADED_WEIGHTS = ("model", "ema", "auto")
+"""What :func:`load_checkpoint` puts into the model (see its ``weights``)."""
 
 
 class CheckpointError(RuntimeError):
@@ -231,6 +239,7 @@ def save_checkpoint(
     *,
     loader_state: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    ema: WeightAverage | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` as ``<directory>/step_<step>/`` (collective).
 
@@ -251,6 +260,8 @@ def save_checkpoint(
     extra : Mapping, optional
         Anything else to keep: plain data (str, int, float, bool, None, lists, dicts) and
         tensors only, so that it loads with ``weights_only=True``.
+    ema : WeightAverage, optional
+        The run's moving average of the weights, stored beside them.
 
     Returns
     -------
@@ -264,7 +275,9 @@ def save_checkpoint(
         anything is written).
     """
     final = checkpoint_path(directory, step)
-    write_checkpoint(final, step, model, optimizer, mesh, loader_state=loader_state, extra=extra)
+    write_checkpoint(
+        final, step, model, optimizer, mesh, loader_state=loader_state, extra=extra, ema=ema
+    )
     return final
 
 
@@ -277,6 +290,7 @@ def write_checkpoint(
     *,
     loader_state: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    ema: WeightAverage | None = None,
 ) -> None:
     """Write a checkpoint directory at ``path``, whatever its name (collective).
 
@@ -317,13 +331,15 @@ def write_checkpoint(
             "rng": rng,
             "extra": _to_cpu(extra),
         }
+        if ema is not None:
+            payload["ema_step"] = ema.step
         torch.save(payload, tmp / STATE_NAME)
         replace_directory(tmp, final)
 
-    dcp.save(
-        {"model": model_tensors, "optimizer": optim_tensors},
-        storage_writer=FileSystemWriter(str(tmp)),
-    )
+    tensors = {"model": model_tensors, "optimizer": optim_tensors}
+    if ema is not None:
+        tensors["ema"] = ema.weights
+    dcp.save(tensors, storage_writer=FileSystemWriter(str(tmp)))
     _barrier()
     on_rank_zero(finish, f"writing checkpoint {final}")
 
@@ -502,7 +518,8 @@ def _check_fit(files: CheckpointFiles, metadata: Any, request: Mapping[str, Any]
     source = files.shown(METADATA_NAME)
     entries = metadata.state_dict_metadata
     wanted = dict(_flat(request))
-    stored = {k for k in entries if k.startswith("model.")}
+    checked = ("model.", "ema.") if "ema" in request else ("model.",)
+    stored = {k for k in entries if k.startswith(checked)}
     extra = sorted(stored - set(wanted))
     if extra:
         raise CheckpointError(
@@ -599,6 +616,8 @@ def load_checkpoint(
     mesh: FoldMesh | None = None,
     restore_rng: bool = True,
     allow_nonfinite: bool = False,
+    ema: WeightAverage | None = None,
+    weights: str = "model",
 ) -> dict[str, Any]:
     """Load a checkpoint into a (wrapped) model and optimizer (collective: every rank).
 
@@ -628,11 +647,20 @@ def load_checkpoint(
         ``ddp`` replica on another (see :mod:`~physicsnemo_foldcp.training.rng_state`).
     allow_nonfinite : bool, default False
         Load tensors holding NaN or infinite values instead of refusing them.
+    ema : WeightAverage, optional
+        The run's moving average of the weights, restored from the checkpoint's (which
+        must have one).
+    weights : {"model", "ema", "auto"}, default "model"
+        What goes into the model: the trained weights, their moving average (the
+        checkpoint must have one), or the average when the checkpoint has one (for
+        prediction, as Boltz's EMA callback predicts with it).
 
     Returns
     -------
     dict[str, Any]
-        The checkpoint's ``step``, ``loader`` state, ``mesh``, ``world_size`` and ``extra``.
+        The checkpoint's ``step``, ``loader`` state, ``mesh``, ``world_size``, ``extra`` and
+        ``ema_step`` (``None`` without an average), and ``weights``: ``"model"`` or
+        ``"ema"``, what the model now holds.
 
     Raises
     ------
@@ -644,7 +672,9 @@ def load_checkpoint(
         stepped yet holds the zero state ``get_state_dict`` gives it).
     """
     path = Path(path)
-    prefixes = ("model.",) if optimizer is None else ("model.", "optimizer.")
+    if weights not in LOADED_WEIGHTS:
+        raise ValueError(f"weights must be one of {LOADED_WEIGHTS}, got {weights!r}")
+    prefixes = ("model.", "ema.") if optimizer is None else ("model.", "optimizer.", "ema.")
 
     def read_files() -> tuple[dict[str, Any], CheckpointFiles, Any]:
         files = CheckpointFiles(_checkpoint_directory(path))
@@ -674,7 +704,22 @@ def load_checkpoint(
             _check_param_groups(state["optimizer_plain"], optim_plain, files.shown(STATE_NAME))
         return request
 
+    has_ema = "ema_step" in state
+    use_ema = has_ema and weights != "model"
+
+    def plan_average() -> None:
+        if not has_ema and (ema is not None or weights == "ema"):
+            wanted = "restore" if ema is not None else "load"
+            raise CheckpointError(
+                f"{files.shown(STATE_NAME)}: no moving average of the weights to {wanted} "
+                "(the run that wrote it kept none: train.ema_decay = 0)"
+            )
+        if ema is not None or use_ema:
+            request["ema"] = _fresh(split_plain(model_state, "model")[0])
+            _check_fit(files, metadata, request)
+
     request = on_every_rank(plan, f"checking checkpoint {path} against the model")
+    on_every_rank(plan_average, f"checking checkpoint {path} against the model")
     planner = TensorOnlyLoadPlanner()
 
     def read() -> None:
@@ -693,7 +738,8 @@ def load_checkpoint(
 
     def apply() -> None:
         options = StateDictOptions(strict=True)
-        model_full = merge_plain(request["model"], state["model_plain"])
+        loaded = request["ema"] if use_ema else request["model"]
+        model_full = merge_plain(loaded, state["model_plain"])
         try:
             if optimizer is None:
                 set_model_state_dict(model, model_full, options=options)
@@ -712,9 +758,12 @@ def load_checkpoint(
             ) from err
 
     on_every_rank(apply, f"loading checkpoint {path}")
+    if ema is not None:
+        ema.load_state_dict({"step": state["ema_step"], "weights": request["ema"]})
     if restore_rng:
         on_every_rank(lambda: _restore_rng(path, state, mesh), f"restoring generators of {path}")
-    return {k: state.get(k) for k in ("step", "loader", "mesh", "world_size", "extra")}
+    info = {k: state.get(k) for k in ("step", "loader", "mesh", "world_size", "extra", "ema_step")}
+    return {**info, "weights": "ema" if use_ema else "model"}
 
 
 def _restore_rng(path: Path, state: Mapping[str, Any], mesh: FoldMesh | None) -> None:

@@ -69,6 +69,7 @@ from physicsnemo_foldcp.models.boltz2_config import Boltz2Config, Boltz2TrunkCon
 from physicsnemo_foldcp.models.reference import ModelConfig
 from physicsnemo_foldcp.sharding.options import ShardingOptions
 from physicsnemo_foldcp.training.bounds import check_range, check_seed
+from physicsnemo_foldcp.training.checkpoint import LOADED_WEIGHTS
 from physicsnemo_foldcp.training.logs import LoggingSettings
 from physicsnemo_foldcp.training.loop import OptimizerSettings, TrainSettings
 from physicsnemo_foldcp.training.predict import predict
@@ -344,6 +345,11 @@ class PredictConfig:
     output_format : {"mmcif", "pdb"}
         Structure files of a model that predicts structures (``model=boltz2``), as
         ``boltz predict --output_format``.
+    weights : {"auto", "model", "ema"}
+        What of the checkpoint the model predicts with: the moving average of the weights
+        when it has one (``auto``, as Boltz's EMA callback predicts), the trained weights,
+        or the average (refused without one); see
+        :func:`~physicsnemo_foldcp.training.checkpoint.load_checkpoint`.
     """
 
     checkpoint: str | None = None
@@ -352,9 +358,12 @@ class PredictConfig:
     overwrite: bool = default_of(predict, "overwrite")
     precision: str = default_of(predict, "precision")
     output_format: str = default_of(predict_structures, "output_format")
+    weights: str = "auto"
 
     def __post_init__(self) -> None:
         check_seed("predict.seed", self.seed)
+        if self.weights not in LOADED_WEIGHTS:
+            raise ValueError(f"predict.weights={self.weights!r} is not one of {LOADED_WEIGHTS}")
         if self.output_format not in OUTPUT_FORMATS:
             raise ValueError(
                 f"predict.output_format={self.output_format!r} is not one of {OUTPUT_FORMATS}"

@@ -52,6 +52,7 @@ from physicsnemo_foldcp.training.compile import (
     reduce_region_gradients,
     resolve_compile_mode,
 )
+from physicsnemo_foldcp.training.ema import WeightAverage
 from physicsnemo_foldcp.training.hooks import LossFn, model_loss, module_types
 from physicsnemo_foldcp.training.logs import MetricLogger
 from physicsnemo_foldcp.training.rundir import (
@@ -177,6 +178,12 @@ class TrainSettings:
     loss : str or None
         Path of a ``loss(outputs, features)`` function; ``None``: the model's ``loss``
         method.
+    ema_decay : float
+        Decay of the exponential moving average of the weights kept beside them, as
+        Boltz-2 trains with (``ema_decay`` 0.999 there,
+        :class:`~physicsnemo_foldcp.training.ema.WeightAverage`): updated after every
+        step, stored in the checkpoints, restored on resume, predicted with by
+        ``examples/predict.py``; ``0``: none.
     grad_bucket_mib : float
         Size cap of the buckets in which parameter gradients are summed over the domain
         mesh, one all-reduce per bucket per step
@@ -211,6 +218,7 @@ class TrainSettings:
     fsdp_units: list[str] | None = None
     compile_regions: list[str] | None = None
     loss: str | None = None
+    ema_decay: float = 0.0
     grad_bucket_mib: float = DEFAULT_BUCKET_MIB
 
     def __post_init__(self) -> None:
@@ -229,6 +237,7 @@ class TrainSettings:
         check_range("train.log_every", self.log_every, low=0, integer=True)
         check_range("train.checkpoint_every", self.checkpoint_every, low=0, integer=True)
         check_range("train.grad_bucket_mib", self.grad_bucket_mib, low=0)
+        check_range("train.ema_decay", self.ema_decay, low=0, high=1)
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.compile not in COMPILE_MODES:
@@ -259,6 +268,8 @@ class TrainResult:
         Its optimizer.
     indices : list[int]
         Dataset index this rank's domain group trained on at each step.
+    ema : WeightAverage or None
+        The moving average of the weights (``train.ema_decay > 0``).
     """
 
     losses: list[float]
@@ -270,6 +281,7 @@ class TrainResult:
     model: nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
     indices: list[int] = field(default_factory=list)
+    ema: WeightAverage | None = None
 
     @property
     def steps_per_s(self) -> float:
@@ -572,6 +584,8 @@ class _Run:
         ``time.perf_counter()`` when the steps began.
     losses, indices, checkpoints : list
         Per step: the loss and the dataset index; the checkpoint files written.
+    ema : WeightAverage or None
+        The moving average of the weights, updated after every optimizer step.
     """
 
     settings: TrainSettings
@@ -591,6 +605,7 @@ class _Run:
     losses: list[float] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)
+    ema: WeightAverage | None = None
 
     @property
     def rank0(self) -> bool:
@@ -739,7 +754,10 @@ def _build_run(
         seed=settings.seed,
         **dict(loader_options or {}),
     )
-    return _Run(settings, mesh, wrapped, opt, loader, setup, extra, metric_logger)
+    run = _Run(settings, mesh, wrapped, opt, loader, setup, extra, metric_logger)
+    if settings.ema_decay > 0:
+        run.ema = WeightAverage(wrapped, settings.ema_decay)
+    return run
 
 
 def _resume(run: _Run) -> None:
@@ -762,7 +780,7 @@ def _resume(run: _Run) -> None:
     if resume is None and run.rank0 and settings.resume in RESUME_MODES and settings.checkpoint_dir:
         logger.info("no checkpoint in %s: starting from scratch", settings.checkpoint_dir)
     if resume:
-        state = load_checkpoint(resume, run.model, run.optimizer, mesh=run.mesh)
+        state = load_checkpoint(resume, run.model, run.optimizer, mesh=run.mesh, ema=run.ema)
         run.start_step = int(state["step"])
         if state.get("loader") is not None:
             run.loader.load_state_dict(state["loader"])
@@ -835,6 +853,8 @@ def _train_step(run: _Run, item: Any) -> float:
         reduce_region_gradients(unwrap(run.model))
     run.optimizer.step()
     run.step += 1
+    if run.ema is not None:
+        run.ema.update(run.model, run.step)
     value = _mean_over_ddp(loss_value(loss), run.mesh)
     if not math.isfinite(value):
         raise FloatingPointError(f"loss is {value} at step {run.step}")
@@ -897,6 +917,7 @@ def _maybe_checkpoint(run: _Run) -> bool:
             run.mesh,
             loader_state=run.loader.state_dict(),
             extra={**dict(run.extra or {}), "settings": run.stored_settings},
+            ema=run.ema,
         )
         run.checkpoints.append(str(path))
     return done
@@ -921,6 +942,7 @@ def _finish(run: _Run) -> TrainResult:
         model=run.model,
         optimizer=run.optimizer,
         indices=run.indices,
+        ema=run.ema,
     )
     if run.rank0:
         logger.info("%s", result.summary())

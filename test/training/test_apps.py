@@ -265,11 +265,20 @@ def test_an_unknown_or_bad_option_stops_before_any_work(tmp_path):
     for override, message in (
         ("+sharding.tokn_multiple=2", "sharding.tokn_multiple: Key 'tokn_multiple' not in"),
         ("sharding.balance.mode=odd", "sharding.balance.mode must be one of"),
+        ("train.ema_decay=2", "train.ema_decay=2 is out of range"),
     ):
         proc = launch("train.py", [override, f"run_dir={tmp_path / 'z'}"])
         assert proc.returncode != 0
         assert message in proc.stderr, tail(proc)
         assert not (tmp_path / "z").exists()
+
+
+def test_the_lightning_app_refuses_a_moving_average_it_would_not_keep(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    proc = launch("lightning_train.py", ["train.ema_decay=0.999", f"run_dir={tmp_path / 'e'}"])
+    assert proc.returncode != 0
+    assert "train.ema_decay=0.999: examples/lightning_train.py keeps no" in proc.stderr, tail(proc)
+    assert not (tmp_path / "e").exists()
 
 
 class CreatesMarker:
