@@ -98,6 +98,7 @@ except ModuleNotFoundError:  # run as a script: the repository root is not on th
 
 import physicsnemo_foldcp as fc
 import physicsnemo_foldcp.boltz as fc_boltz
+from physicsnemo_foldcp.core.grad_buckets import attach_gradient_buckets
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
 from physicsnemo_foldcp.distributed.wrappers import unwrap
@@ -557,6 +558,7 @@ def measure_step(
     atoms = int(features["atom_to_token"].shape[1])
     depth = int(features["msa"].shape[1])
     model = build_trunk(sizes, seed, init_noise).to(mesh.device)
+    attach_gradient_buckets(model, mesh)  # as train() does
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
 
