@@ -268,6 +268,24 @@ BOLTZ2_ATOMS_PER_TOKEN = 8
 """Atoms per token assumed for the predictions (proteins: about 7.8 heavy atoms)."""
 
 
+SMOKE = TrunkSizes(
+    token_s=16,
+    token_z=8,
+    atom_s=8,
+    atom_z=4,
+    msa_s=8,
+    pairformer_blocks=1,
+    num_heads=2,
+    pairwise_head_width=4,
+    pairwise_num_heads=2,
+    msa_rows=6,
+)
+"""The smallest sizes: the benchmarks' smoke tests run at them."""
+
+SMOKE_TOKENS = 29
+"""Tokens of the smoke tests' sample: uneven token blocks on 2x2 (15 + 14)."""
+
+
 def build_trunk(sizes: TrunkSizes, seed: int, init_noise: float) -> torch.nn.Module:
     """``Boltz2Trunk`` with parameters drawn from ``seed`` (+ seeded noise), in train mode.
 

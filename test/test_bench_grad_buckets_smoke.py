@@ -14,21 +14,10 @@ if ROOT not in sys.path:
 pytest.importorskip("boltz.model.modules.trunkv2")
 
 from benchmarks.bench_grad_buckets import GRAD_RTOL, run, write_results  # noqa: E402
-from benchmarks.bench_trunk import TrunkSizes  # noqa: E402
+from benchmarks.bench_trunk import SMOKE, SMOKE_TOKENS  # noqa: E402
 
-N = 29  # uneven token blocks on 2x2: 15 + 14
-SIZES = TrunkSizes(
-    token_s=16,
-    token_z=8,
-    atom_s=8,
-    atom_z=4,
-    msa_s=8,
-    pairformer_blocks=1,
-    num_heads=2,
-    pairwise_head_width=4,
-    pairwise_num_heads=2,
-    msa_rows=6,
-)
+N = SMOKE_TOKENS
+SIZES = SMOKE
 
 
 @pytest.mark.multigpu_static

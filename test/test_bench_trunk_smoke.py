@@ -18,24 +18,14 @@ pytest.importorskip("boltz.model.modules.trunkv2")
 
 from benchmarks.bench_trunk import (  # noqa: E402
     PARTS,
-    TrunkSizes,
+    SMOKE,
+    SMOKE_TOKENS,
     run_trunk_benchmark,
     write_results,
 )
 
-N = 29  # uneven token blocks on 2x2: 15 + 14
-SIZES = TrunkSizes(
-    token_s=16,
-    token_z=8,
-    atom_s=8,
-    atom_z=4,
-    msa_s=8,
-    pairformer_blocks=1,
-    num_heads=2,
-    pairwise_head_width=4,
-    pairwise_num_heads=2,
-    msa_rows=6,
-)
+N = SMOKE_TOKENS
+SIZES = SMOKE
 MEMORY_STEPS = 2
 
 

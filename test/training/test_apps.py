@@ -265,7 +265,7 @@ def test_an_unknown_or_bad_option_stops_before_any_work(tmp_path):
     for override, message in (
         ("+sharding.tokn_multiple=2", "sharding.tokn_multiple: Key 'tokn_multiple' not in"),
         ("sharding.balance.mode=odd", "sharding.balance.mode must be one of"),
-        ("train.ema_decay=2", "train.ema_decay=2 is out of range"),
+        ("train.ema_decay=1.5", "train.ema_decay=1.5 is out of range"),
     ):
         proc = launch("train.py", [override, f"run_dir={tmp_path / 'z'}"])
         assert proc.returncode != 0

@@ -1,4 +1,5 @@
-"""In-process training, resume, prediction and batch checks on the mesh."""
+"""In-process training, resume, prediction and batch checks on the mesh; the moving
+average of the weights."""
 
 import json
 import os
@@ -20,10 +21,13 @@ from physicsnemo_foldcp.models.reference import TrunkBlock
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.training import (
     BatchSizeError,
+    CheckpointError,
     OptimizerSettings,
     SyntheticComplexes,
     TrainSettings,
+    WeightAverage,
     latest_checkpoint,
+    load_checkpoint,
     predict,
     read_distogram,
     train,
@@ -35,6 +39,8 @@ from physicsnemo_foldcp.training.rundir import RunDirectoryError
 pytestmark = pytest.mark.multigpu_static
 
 CONFIG = ModelConfig(c_atom=8, c_token=16, c_pair=8, n_blocks=1, n_heads=2)
+DECAY = 0.9
+"""Decay of the moving average in the EMA tests (fast, so that it moves in 4 steps)."""
 mesh_id = lambda s: "x".join(map(str, s))  # noqa: E731
 
 
@@ -244,6 +250,27 @@ class OneComplex(SyntheticComplexes):
         return sample
 
 
+RESUME_OPTIMIZER = OptimizerSettings(lr=1e-2)
+"""AdamW of the runs resumed on another mesh."""
+
+
+def straight_fsdp2_run(mesh, directory, **settings):
+    """4 AdamW steps with FSDP2 on one complex, checkpointed in ``directory`` at 2 and 4.
+
+    Returns the run's result, its dataset and the settings a resumed run shares with it.
+    """
+    dataset = OneComplex(4, 9, 15, seed=3, msa_rows=2)
+    common = dict(steps=4, seed=2, progress=False, log_every=0, **settings)
+    result = train(
+        fresh_model(),
+        mesh,
+        dataset,
+        TrainSettings(wrapper="fsdp2", checkpoint_every=2, checkpoint_dir=str(directory), **common),
+        optimizer=RESUME_OPTIMIZER,
+    )
+    return result, dataset, common
+
+
 SINGLE_PROCESS_RESUME = """
 import json, sys, torch
 import physicsnemo_foldcp as fc
@@ -299,25 +326,14 @@ def test_an_fsdp2_checkpoint_resumes_on_another_mesh_and_one_process(
     loss and gradient; the next two losses check the parameters (step 3) and the AdamW
     moments (step 4), to the fp32 noise of another CP reduction order.
     """
-    dataset = OneComplex(4, 9, 15, seed=3, msa_rows=2)
-    opt = OptimizerSettings(lr=1e-2)
-    common = dict(steps=4, seed=2, progress=False, log_every=0)
-    straight = train(
-        fresh_model(),
-        fold_mesh,
-        dataset,
-        TrainSettings(
-            wrapper="fsdp2", checkpoint_every=2, checkpoint_dir=str(shared_dir / "a"), **common
-        ),
-        optimizer=opt,
-    )
+    straight, dataset, common = straight_fsdp2_run(fold_mesh, shared_dir / "a")
     start = checkpoint_path(shared_dir / "a", 2)
     on_cp = train(
         fresh_model(seed=99),
         fold_mesh_factory(1, 2, 2),
         dataset,
         TrainSettings(resume=str(start), **common),
-        optimizer=opt,
+        optimizer=RESUME_OPTIMIZER,
     )
     single = [resume_on_one_process(start) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(single, src=0)
@@ -384,3 +400,98 @@ def test_colliding_prediction_names_stop_before_any_file(fold_mesh, shared_dir):
         predict(fresh_model(), fold_mesh, Colliding(3, 9, 12, seed=1), shared_dir / "p")
     written = list((shared_dir / "p").glob("*")) if (shared_dir / "p").exists() else []
     collective_assert(not written, f"files written: {written}")
+
+
+def whole(weights):
+    return {k: full(v).detach().clone() for k, v in weights.items()}
+
+
+@pytest.mark.parametrize("fold_mesh", [(2, 1, 2)], indirect=True, ids=mesh_id)
+def test_the_average_resumes_exactly_reshards_and_is_predicted_with(
+    fold_mesh, fold_mesh_factory, shared_dir
+):
+    """The moving average of the weights in training runs: resumed exactly, resharded, predicted.
+
+    A run with ``train.ema_decay`` checkpoints its average beside the weights; a run resumed
+    from step 2 ends with the straight run's average bit for bit (FSDP2 over 2 replicas: the
+    sums over the replicas add two values); the same checkpoint resumes on another mesh and
+    wrapper (1x2x2, no wrapper) to the fp32 noise of another reduction order; prediction
+    loads the average (``weights="auto"`` / ``"ema"``) or the weights (``"model"``).
+    """
+    straight, dataset, common = straight_fsdp2_run(fold_mesh, shared_dir / "a", ema_decay=DECAY)
+    start = checkpoint_path(shared_dir / "a", 2)
+    resumed = train(
+        fresh_model(seed=99),
+        fold_mesh,
+        dataset,
+        TrainSettings(wrapper="fsdp2", resume=str(start), **common),
+        optimizer=RESUME_OPTIMIZER,
+    )
+    expected = whole(straight.ema.weights)
+    weights = {k: full(v).detach().clone() for k, v in unwrap(straight.model).state_dict().items()}
+    problems = []
+    if straight.ema.step != 4 or resumed.ema.step != 4:
+        problems.append(f"average steps {straight.ema.step}, resumed {resumed.ema.step}")
+    moved = [k for k in expected if not torch.equal(expected[k], weights[k])]
+    if len(moved) < len(expected) // 2:
+        problems.append(f"the average equals the weights in {len(expected) - len(moved)} entries")
+    for name, value in whole(resumed.ema.weights).items():
+        if not torch.equal(value, expected[name]):
+            problems.append(f"resumed average of {name} differs")
+
+    on_cp = train(
+        fresh_model(seed=98),
+        fold_mesh_factory(1, 2, 2),
+        dataset,
+        TrainSettings(resume=str(start), **common),
+        optimizer=RESUME_OPTIMIZER,
+    )
+    for name, value in whole(on_cp.ema.weights).items():
+        if not torch.allclose(value, expected[name], rtol=1e-4, atol=1e-6):
+            problems.append(f"average of {name} resumed on 1x2x2 differs")
+
+    last = checkpoint_path(shared_dir / "a", 4)
+    for mode, reference, loaded in (("auto", expected, "ema"), ("ema", expected, "ema"),
+                                    ("model", weights, "model")):  # fmt: skip
+        model = fresh_model(seed=97)
+        info = load_checkpoint(last, model, restore_rng=False, weights=mode)
+        if info["weights"] != loaded or info["ema_step"] != 4:
+            problems.append(f"weights={mode}: loaded {info['weights']}, step {info['ema_step']}")
+        for name, value in model.state_dict().items():
+            if name in reference and not torch.equal(value, reference[name]):
+                problems.append(f"weights={mode}: {name} is not the checkpoint's {loaded}")
+    collective_assert(not problems, "; ".join(problems[:6]))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+def test_a_checkpoint_without_an_average_is_refused_where_one_is_asked_for(fold_mesh, shared_dir):
+    """Restoring or loading an average a checkpoint lacks names its file; ``auto`` loads the
+    weights."""
+    dataset = SyntheticComplexes(2, 9, 13, seed=4, msa_rows=2)
+    run = train(
+        fresh_model(),
+        fold_mesh,
+        dataset,
+        TrainSettings(
+            steps=1, seed=2, progress=False, log_every=0, checkpoint_dir=str(shared_dir / "a")
+        ),  # fmt: skip
+    )
+    path = checkpoint_path(shared_dir / "a", 1)
+    problems = []
+    if run.ema is not None:
+        problems.append("a run without ema_decay kept an average")
+    for kwargs in ({"ema": WeightAverage(fresh_model())}, {"weights": "ema"}):
+        try:
+            load_checkpoint(path, fresh_model(seed=9), restore_rng=False, **kwargs)
+            problems.append(f"{kwargs} loaded a checkpoint without an average")
+        except CheckpointError as err:
+            if "no moving average" not in str(err) or "state.pt" not in str(err):
+                problems.append(f"{kwargs}: {err}")
+    model = fresh_model(seed=9)
+    info = load_checkpoint(path, model, restore_rng=False, weights="auto")
+    trained = {k: full(v) for k, v in unwrap(run.model).state_dict().items()}
+    if info["weights"] != "model" or info["ema_step"] is not None:
+        problems.append(f"weights=auto without an average: {info['weights']}")
+    if not all(torch.equal(v, trained[k]) for k, v in model.state_dict().items()):
+        problems.append("weights=auto did not load the trained weights")
+    collective_assert(not problems, "; ".join(problems))
