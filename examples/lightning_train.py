@@ -84,11 +84,6 @@ def main(cfg: DictConfig) -> None:
             f"train.compile={settings.compile!r}: examples/lightning_train.py runs the model "
             "eagerly; use examples/train.py to compile"
         )
-    if settings.ema_decay:
-        raise ValueError(
-            f"train.ema_decay={settings.ema_decay}: examples/lightning_train.py keeps no "
-            "moving average of the weights; use examples/train.py"
-        )
     setup_logging(conf.logging.level)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     data = data_config(conf.data)
@@ -137,7 +132,10 @@ def main(cfg: DictConfig) -> None:
             )
         trainer = pl.Trainer(
             strategy=FoldCPStrategy(
-                mesh=mesh, wrapper=settings.wrapper, grad_bucket_mib=settings.grad_bucket_mib
+                mesh=mesh,
+                wrapper=settings.wrapper,
+                grad_bucket_mib=settings.grad_bucket_mib,
+                ema_decay=settings.ema_decay,
             ),
             accelerator="gpu" if mesh.device.type == "cuda" else "cpu",
             devices=1,

@@ -11,7 +11,8 @@ sample and one model replica; only the ``ddp`` axis holds replicas. This strateg
   model's ``fsdp_units``; never FSDP1), and routes every ``*_step`` through the wrapper
   so DDP's and FSDP2's hooks run;
 * sums parameter gradients over the domain in buckets, as the training loop does
-  (:func:`~physicsnemo_foldcp.core.grad_buckets.attach_gradient_buckets`);
+  (:func:`~physicsnemo_foldcp.core.grad_buckets.attach_gradient_buckets`), and keeps the
+  moving average of the weights when asked (``ema_decay``, as ``train.ema_decay``);
 * leaves the data order to the :class:`~physicsnemo_foldcp.data.ShardedLoader` (a
   :class:`~physicsnemo_foldcp.data.FoldCPDataModule` gets its mesh from here); a plain
   ``DataLoader``, which Lightning would re-shard over every rank, is refused;
@@ -67,6 +68,7 @@ from physicsnemo_foldcp.training.checkpoint import (
     load_checkpoint,
     write_checkpoint,
 )
+from physicsnemo_foldcp.training.ema import WeightAverage
 from physicsnemo_foldcp.training.hooks import module_types
 from physicsnemo_foldcp.training.loop import domain_value
 
@@ -123,6 +125,11 @@ class FoldCPStrategy(ParallelStrategy):
         Size cap of the buckets in which ``fit`` sums parameter gradients over the domain
         (:func:`~physicsnemo_foldcp.core.grad_buckets.attach_gradient_buckets`); ``0``:
         each module's backward sums its own.
+    ema_decay : float, default 0
+        Decay of the moving average of the weights ``fit`` keeps
+        (:class:`~physicsnemo_foldcp.training.ema.WeightAverage`, updated after every
+        optimizer step, stored in and restored from the checkpoints); ``0``: none.
+        Prediction from a checkpoint that has one predicts with it.
     mesh : FoldMesh, optional
         A mesh already built with :func:`~physicsnemo_foldcp.init_mesh`; then ``cp``,
         ``ddp`` and ``timeout_s`` are not used.
@@ -153,6 +160,7 @@ class FoldCPStrategy(ParallelStrategy):
         fsdp_units: Sequence[str | type] | None = None,
         timeout_s: float | None = None,
         grad_bucket_mib: float = DEFAULT_BUCKET_MIB,
+        ema_decay: float = 0.0,
         mesh: FoldMesh | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: Any = None,
@@ -171,6 +179,9 @@ class FoldCPStrategy(ParallelStrategy):
         check_range("grad_bucket_mib", grad_bucket_mib, low=0)
         self._grad_bucket_mib = grad_bucket_mib
         self._buckets: GradientBuckets | None = None
+        check_range("ema_decay", ema_decay, low=0, high=1)
+        self._ema_decay = ema_decay
+        self.ema: WeightAverage | None = None
         self._mesh = mesh
 
     # -- the mesh and this process -----------------------------------------------------------
@@ -278,6 +289,7 @@ class FoldCPStrategy(ParallelStrategy):
             sync_over_domain(self.model, self.mesh)
         if trainer.state.fn == TrainerFn.FITTING:
             self._attach_buckets()
+            self.ema = WeightAverage(self.model, self._ema_decay) if self._ema_decay else None
             self.setup_optimizers(trainer)
             if len(self.optimizers) != 1:
                 raise ValueError(
@@ -304,6 +316,19 @@ class FoldCPStrategy(ParallelStrategy):
                 redirect = compat.lightning_forward_redirection(self)
                 return redirect(self.model, self.lightning_module, name, *args, **kwargs)
             return getattr(self.lightning_module, name)(*args, **kwargs)
+
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Any,
+        model: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The optimizer's step, then the moving average's (when kept)."""
+        output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self.ema is not None:
+            self.ema.update(self.model, (self.ema.step or 0) + 1)
+        return output
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """The LightningModule's ``training_step``, through the ``ddp`` wrapper."""
@@ -463,6 +488,7 @@ class FoldCPStrategy(ParallelStrategy):
             optimizer,
             self.mesh,
             extra={LIGHTNING_STATE: state},
+            ema=self.ema if optimizer is not None else None,
         )
 
     def load_checkpoint(
@@ -480,7 +506,15 @@ class FoldCPStrategy(ParallelStrategy):
         trainer = self.lightning_module.trainer
         fitting = bool(self.optimizers) and trainer.state.fn == TrainerFn.FITTING
         optimizer = self.optimizers[0] if fitting else None
-        state = load_checkpoint(path, self.model, optimizer, mesh=self.mesh, restore_rng=fitting)
+        state = load_checkpoint(
+            path,
+            self.model,
+            optimizer,
+            mesh=self.mesh,
+            restore_rng=fitting,
+            ema=self.ema if fitting else None,
+            weights="model" if fitting else "auto",
+        )
         lightning = (state.get("extra") or {}).get(LIGHTNING_STATE)
         if lightning is None:
             raise CheckpointError(

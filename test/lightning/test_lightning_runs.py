@@ -2,8 +2,9 @@
 
 Each run starts from the same seed and data as :func:`~physicsnemo_foldcp.training.train`
 (what ``examples/train.py`` runs). Checked exactly (``torch.equal``: the same ops in the
-same order): the per-step losses and every parameter after 3 steps on (1,2,2) and on
-(2,2,2) with FSDP2 and DDP, a run resumed from a Lightning checkpoint, the distograms of
+same order): the per-step losses, every parameter and the moving average of the weights
+after 3 steps on (1,2,2) and on (2,2,2) with FSDP2 and DDP, a run resumed from a Lightning
+checkpoint, the distograms of
 ``Trainer.predict`` against :func:`~physicsnemo_foldcp.training.predict`, a checkpoint
 written on (2,2,2) with FSDP2 predicted from on another mesh, and metric logging of
 ``Partial`` values.
@@ -44,6 +45,8 @@ pytestmark = pytest.mark.multigpu_static
 
 CONFIG = ModelConfig(c_atom=8, c_token=16, c_pair=8, n_blocks=1, n_heads=2)
 SEED, STEPS = 7, 3
+EMA_DECAY = 0.9
+"""Decay of the moving average the fit/resume runs keep (fast: it moves in 3 steps)."""
 OPTIMIZER = OptimizerSettings(name="adamw", lr=3e-3)
 CASES = [((1, 2, 2), "auto"), ((2, 2, 2), "fsdp2"), ((2, 2, 2), "ddp")]
 mesh_id = lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s)  # noqa: E731
@@ -67,9 +70,9 @@ def full(t):
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
 
 
-def trainer(mesh, wrapper, steps, callbacks=(), strategy=None, **options):
+def trainer(mesh, wrapper, steps, callbacks=(), strategy=None, ema_decay=0.0, **options):
     return pl.Trainer(
-        strategy=strategy or FoldCPStrategy(mesh=mesh, wrapper=wrapper),
+        strategy=strategy or FoldCPStrategy(mesh=mesh, wrapper=wrapper, ema_decay=ema_decay),
         accelerator="cpu",
         devices=1,
         max_steps=steps,
@@ -83,25 +86,46 @@ def trainer(mesh, wrapper, steps, callbacks=(), strategy=None, **options):
 
 
 def lightning_fit(
-    mesh, wrapper, steps, *, ckpt_path=None, save_to=None, model_seed=SEED, callbacks=()
+    mesh,
+    wrapper,
+    steps,
+    *,
+    ckpt_path=None,
+    save_to=None,
+    model_seed=SEED,
+    callbacks=(),
+    ema_decay=0.0,
 ):
-    """Fit a fresh FoldModule; return (module, step losses); optionally save a checkpoint."""
+    """Fit a fresh FoldModule; return (module, step losses, the strategy's moving average);
+    optionally save a checkpoint."""
     torch.manual_seed(model_seed)
     module = FoldModule(ReferenceFoldModel(CONFIG), optimizer=OPTIMIZER)
     data = FoldCPDataModule(dataset(mesh), seed=SEED)
     losses = StepLosses()
-    run = trainer(mesh, wrapper, steps, [losses, *callbacks])
+    run = trainer(mesh, wrapper, steps, [losses, *callbacks], ema_decay=ema_decay)
     run.fit(module, datamodule=data, ckpt_path=ckpt_path)
     if save_to is not None:
         run.save_checkpoint(save_to)
-    return module, losses.losses
+    return module, losses.losses, run.strategy.ema
 
 
-def loop_fit(mesh, wrapper):
+def loop_fit(mesh, wrapper, ema_decay=0.0):
     torch.manual_seed(SEED)
     model = ReferenceFoldModel(CONFIG)
-    settings = TrainSettings(steps=STEPS, wrapper=wrapper, seed=SEED, progress=False, log_every=0)
+    settings = TrainSettings(
+        steps=STEPS, wrapper=wrapper, seed=SEED, progress=False, log_every=0, ema_decay=ema_decay
+    )
     return train(model, mesh, dataset(mesh), settings, optimizer=OPTIMIZER)
+
+
+def compare_averages(ema, loop_ema, problems, what):
+    ours = {n.removeprefix("model."): full(v) for n, v in ema.weights.items()}
+    theirs = {n: full(v) for n, v in loop_ema.weights.items()}
+    if set(ours) != set(theirs) or ema.step != loop_ema.step:
+        problems.append(f"{what}: averages of steps {ema.step} / {loop_ema.step}, keys differ")
+    for name, value in theirs.items():
+        if name in ours and not torch.equal(ours[name], value):
+            problems.append(f"{what}: moving average of {name} differs")
 
 
 def compare_parameters(module, loop_model, problems, what):
@@ -120,7 +144,7 @@ def test_fit_and_resume_give_the_training_loops_losses_and_parameters(
     fold_mesh, wrapper, shared_dir
 ):
     mesh = fold_mesh
-    reference = loop_fit(mesh, wrapper)
+    reference = loop_fit(mesh, wrapper, EMA_DECAY)
     every_2 = ModelCheckpoint(
         shared_dir,
         "step_{step}",
@@ -128,7 +152,9 @@ def test_fit_and_resume_give_the_training_loops_losses_and_parameters(
         save_top_k=-1,
         auto_insert_metric_name=False,
     )
-    module, losses = lightning_fit(mesh, wrapper, STEPS, callbacks=[every_2])
+    module, losses, ema = lightning_fit(
+        mesh, wrapper, STEPS, callbacks=[every_2], ema_decay=EMA_DECAY
+    )
 
     # Lightning logs float32; the loop averages over ddp in float64.
     expected = torch.tensor(reference.losses, dtype=torch.float32).tolist()
@@ -136,13 +162,17 @@ def test_fit_and_resume_give_the_training_loops_losses_and_parameters(
     if losses != expected:
         problems.append(f"Lightning losses {losses} != loop losses {expected}")
     compare_parameters(module, unwrap(reference.model), problems, "fit")
+    compare_averages(ema, reference.ema, problems, "fit")
 
     # The run checkpointed at step 2; a model initialised otherwise resumes from there.
     checkpoint = shared_dir / "step_2.ckpt"
-    resumed, rest = lightning_fit(mesh, wrapper, STEPS, ckpt_path=checkpoint, model_seed=99)
+    resumed, rest, resumed_ema = lightning_fit(
+        mesh, wrapper, STEPS, ckpt_path=checkpoint, model_seed=99, ema_decay=EMA_DECAY
+    )
     if losses[:2] + rest != expected:
         problems.append(f"resumed losses {losses[:2]} + {rest} != {expected}")
     compare_parameters(resumed, unwrap(reference.model), problems, "resumed")
+    compare_averages(resumed_ema, reference.ema, problems, "resumed")
     collective_assert(not problems, "; ".join(problems))
 
 
@@ -176,7 +206,7 @@ def test_an_fsdp2_checkpoint_loads_and_predicts_alike_on_another_mesh(
     fold_mesh, fold_mesh_factory, shared_dir
 ):
     checkpoint = shared_dir / "fsdp2.ckpt"
-    module, _ = lightning_fit(fold_mesh, "fsdp2", 2, save_to=checkpoint)
+    module, _, _ = lightning_fit(fold_mesh, "fsdp2", 2, save_to=checkpoint)
     trained = {n: full(p) for n, p in module.named_parameters()}
     data = dataset(fold_mesh)
     problems = []

@@ -273,14 +273,6 @@ def test_an_unknown_or_bad_option_stops_before_any_work(tmp_path):
         assert not (tmp_path / "z").exists()
 
 
-def test_the_lightning_app_refuses_a_moving_average_it_would_not_keep(tmp_path):
-    pytest.importorskip("pytorch_lightning")
-    proc = launch("lightning_train.py", ["train.ema_decay=0.999", f"run_dir={tmp_path / 'e'}"])
-    assert proc.returncode != 0
-    assert "train.ema_decay=0.999: examples/lightning_train.py keeps no" in proc.stderr, tail(proc)
-    assert not (tmp_path / "e").exists()
-
-
 class CreatesMarker:
     """Unpickling this object creates the file ``path``."""
 
