@@ -56,11 +56,6 @@ def attach(param: torch.Tensor, slot: PartialSlot) -> None:
     _SLOTS[id(param)] = (weakref.ref(param), slot)
 
 
-def detach(param: torch.Tensor) -> None:
-    """Reduce ``param``'s partial gradients per call again."""
-    _SLOTS.pop(id(param), None)
-
-
 def detach_slots(slots: set) -> None:
     """Detach every parameter attached to one of ``slots``."""
     for key in [k for k, (_, slot) in _SLOTS.items() if slot in slots]:
@@ -141,7 +136,6 @@ __all__ = [
     "PartialSlot",
     "any_attached",
     "attach",
-    "detach",
     "detach_slots",
     "kept",
     "kept_gradient",
