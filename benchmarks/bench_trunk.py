@@ -170,6 +170,9 @@ class TrunkSizes:
         MSA module and the Pairformer.
     precision : {"fp32", "bf16"}
         ``bf16``: the step under ``torch.autocast`` to bfloat16 (parameters stay fp32).
+    kernel_recompute : bool
+        ``False``: the pair kernels keep their scores and outer products for backward
+        instead of recomputing them (:func:`~physicsnemo_foldcp.set_kernel_recompute`).
     """
 
     token_s: int = 64
@@ -188,6 +191,7 @@ class TrunkSizes:
     dropout: float = 0.15
     checkpointing: bool = False
     precision: str = "fp32"
+    kernel_recompute: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a dict."""
@@ -201,9 +205,8 @@ class TrunkSizes:
         )
         if (self.token_s, self.token_z) == (BOLTZ2_WIDTHS["token_s"], BOLTZ2_WIDTHS["token_z"]):
             label += " boltz2-widths"
-        return (
-            label + " ckpt" * self.checkpointing + f" {self.precision}" * (self.precision != "fp32")
-        )
+        label += " ckpt" * self.checkpointing + f" {self.precision}" * (self.precision != "fp32")
+        return label + " kept" * (not self.kernel_recompute)
 
     @property
     def mode(self) -> str:
@@ -216,8 +219,8 @@ class TrunkSizes:
 
     @property
     def measured_as_modelled(self) -> bool:
-        """fp32 without checkpointing: the setting the memory model describes."""
-        return self.precision == "fp32" and not self.checkpointing
+        """fp32, no checkpointing, kernels recomputing: the setting the memory model describes."""
+        return self.precision == "fp32" and not self.checkpointing and self.kernel_recompute
 
     def config(self) -> Boltz2TrunkConfig:
         """The ``Boltz2Trunk`` configuration (``recycling_steps=0``)."""
@@ -480,9 +483,10 @@ def serial_step_times(
 
 def run_trunk_benchmark(mesh: FoldMesh, n_tokens: int, **kwargs: Any) -> dict[str, Any]:
     """Measure one trunk training step at one size (every rank; see :func:`measure_step`),
-    under ``torch.autocast`` when the sizes say ``precision="bf16"``."""
+    under ``torch.autocast`` when the sizes say ``precision="bf16"``, with the kernels
+    recomputing or keeping as the sizes say."""
     sizes = kwargs.get("sizes", BASE)
-    with autocast(sizes.precision, mesh.device):
+    with autocast(sizes.precision, mesh.device), fc.recompute_in_backward(sizes.kernel_recompute):
         return measure_step(mesh, n_tokens, **kwargs)
 
 
@@ -1564,6 +1568,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpointing", action="store_true", help="Boltz's activation_checkpointing on"
     )
     p.add_argument("--precision", choices=tuple(LOSS_RTOL), default="fp32")
+    p.add_argument(
+        "--keep-for-backward",
+        action="store_true",
+        help="the pair kernels keep their scores for backward (mesh.kernel_recompute=false)",
+    )
     p.add_argument("--init-noise", type=float, default=0.05)
     p.add_argument("--budget-mib", type=float, default=512.0, help="per-rank budget of the table")
     p.add_argument(
@@ -1592,6 +1601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairformer_blocks=args.pairformer_blocks,
         checkpointing=args.checkpointing,
         precision=args.precision,
+        kernel_recompute=not args.keep_for_backward,
     )
     if args.widths == "boltz2":
         sizes = dataclasses.replace(sizes, **BOLTZ2_WIDTHS)

@@ -17,7 +17,12 @@ from physicsnemo_foldcp.core.grad_buckets import attach_gradient_buckets
 from physicsnemo_foldcp.data import ShardedLoader, ShardedSample
 from physicsnemo_foldcp.distributed import FoldMesh, init_mesh, shutdown, wrap_model
 from physicsnemo_foldcp.features import FeatureRegistry, FeatureSpec
-from physicsnemo_foldcp.kernels.budget import set_work_budget, work_budget
+from physicsnemo_foldcp.kernels.budget import (
+    recompute_in_backward,
+    set_kernel_recompute,
+    set_work_budget,
+    work_budget,
+)
 from physicsnemo_foldcp.sharding.options import BalanceOptions, ShardingOptions
 from physicsnemo_foldcp.sharding.scatter import ShardedFeatures, gather_features, scatter_features
 
@@ -38,7 +43,9 @@ __all__ = [
     "attach_gradient_buckets",
     "gather_features",
     "init_mesh",
+    "recompute_in_backward",
     "scatter_features",
+    "set_kernel_recompute",
     "set_work_budget",
     "shutdown",
     "work_budget",

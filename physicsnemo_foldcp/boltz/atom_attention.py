@@ -7,12 +7,14 @@ windows and build the keys with an ``einsum`` over the sharded atom axis
 (:mod:`physicsnemo_foldcp.ops.atom_windows` says why that fails on scattered atoms).
 
 The distributed forwards here cut this rank's atoms at window boundaries
-(:class:`~physicsnemo_foldcp.ops.atom_windows.AtomWindows`) and run the module's own
-submodules (``torch.func.functional_call``) on the windows that start in this rank's atom
-block, with keys that include the halo atoms of the neighbouring ranks: every window,
-key and pair feature is the serial one. Each rank's parameter gradients are the part of
-its windows; they are summed over ``cp0`` (the ranks of one ``cp0`` row block compute the
-same windows, so not over ``cp1``).
+(:class:`~physicsnemo_foldcp.ops.atom_windows.AtomWindows`): the windows that start in a
+``cp0`` row block's atoms are split among the block's ``cp1`` ranks, and each rank runs
+the module's own submodules (``torch.func.functional_call``) on the windows it owns, with
+keys that include the halo atoms of the neighbouring runs: every window, key and pair
+feature is the serial one, and each is computed once. The parameters used on the windows
+get each rank's part of their gradients, summed over ``cp0`` and ``cp1``; those used on
+the atoms of a row block (the encoder's ``embed_atom_features`` and ``s_to_c_trans``,
+computed alike by its ``cp1`` ranks) are summed over ``cp0`` only.
 
 Layouts (over ``(cp0, cp1)``): atom tensors ``[B, A, ...]`` are ``(Shard(1), Replicate())``,
 atoms with their tokens; the atom pair features ``p`` / the bias ``[B, K, W, H, c]`` are
@@ -21,9 +23,13 @@ atoms with their tokens; the atom pair features ``p`` / the bias ``[B, K, W, H, 
 
 Communication per call: point to point among the ranks of one ``cp0`` column, fewer than
 ``W`` atoms per block boundary to cut the windows (and back for the transformer's
-output), ``(H - W) / 2`` halo atoms per side and per key set (the encoder's positions,
-mask, ids and embeddings; each transformer layer's normalised activations and mask), the
-same in backward; one all-reduce over ``cp0`` of the parameter gradients. The encoder's
+output); point to point between neighbouring runs, ``(H - W) / 2`` halo atoms per side
+and per key set (the encoder's positions, mask, ids and embeddings; each transformer
+layer's normalised activations and mask); the same in backward. Over ``cp1``: the
+encoder's ``p`` and the transformer's output joined from the runs (ONE all-gather each),
+and in backward ONE all-gather per input with a gradient (the encoder's ``c`` and
+``z``'s window entries; the transformer's ``q``, ``c`` and bias). The parameter
+gradients: one all-reduce per mesh dim for each of the two groups. The encoder's
 padding check reads the plan (the pads in the ``atom_to_token`` map's tag): no
 communication, no host sync (for a sample that did not come from the scatter, one small
 all-gather over ``cp0`` of the mask's flags).
@@ -57,8 +63,17 @@ from physicsnemo_foldcp.core.blocks import (
 )
 from physicsnemo_foldcp.core.tensor import FoldTensor, wrap
 from physicsnemo_foldcp.ops import ShardingLayoutError
-from physicsnemo_foldcp.ops.atom_windows import ATOM_DIM, AtomWindows
+from physicsnemo_foldcp.ops.atom_windows import (
+    ATOM_DIM,
+    AtomWindows,
+    gather_windows,
+    own_windows,
+)
 from physicsnemo_foldcp.ops.modules import submodule_caller, tile_parameters
+
+ROW_BLOCK_SUBMODULES = ("embed_atom_features", "s_to_c_trans")
+"""``AtomEncoder`` submodules applied to a row block's atoms or tokens, which its ``cp1``
+ranks compute alike (their gradients are summed over ``cp0`` only)."""
 
 
 class WindowKeys:
@@ -161,21 +176,22 @@ def atom_encoder(
     )
     windows.check_padding(feats["atom_pad_mask"], feats.get("atom_to_token"))
     with _no_autocast(ref_pos.device):
-        params = tile_parameters(module, mesh, (ROWS,))
-        if conditioned:  # z_to_p_trans reads the pair tile: its gradient sums over both dims
-            tile = tile_parameters(module.z_to_p_trans, mesh, (ROWS, COLUMNS))
-            params.update({f"z_to_p_trans.{name}": value for name, value in tile.items()})
+        # the windows' submodules run on each rank's owned windows, z_to_p_trans on its
+        # pair tile (summed over both dims); those on the row block's atoms over cp0 only
+        row_part = dict.fromkeys(ROW_BLOCK_SUBMODULES, (ROWS,))
+        row_part["z_to_p_trans"] = (ROWS, COLUMNS)
+        params = tile_parameters(module, mesh, windows.window_mesh_dims, submodule_dims=row_part)
         call = submodule_caller(module, params)
         c_local = call("embed_atom_features", local_of(_atom_features(module, feats)))
         atom_shapes = row_shapes(c_local.shape, ATOM_DIM, windows.atom_sizes)
         q = wrap(c_local, mesh, ref_pos.placements, atom_shapes)
 
         def queries_and_keys(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """``x`` per window: queries ``[B, K, W, 1, ...]``, keys ``[B, K, 1, H, ...]``."""
-            aligned = windows.to_windows(x)
+            """``x`` per owned window: queries ``[B, K, W, 1, ...]``, keys ``[B, K, 1, H, ...]``."""
+            owned = own_windows(windows.to_windows(x), windows, windows.queries)
             return (
-                windows.windows_of(aligned).unsqueeze(3),
-                windows.window_keys(aligned).unsqueeze(2),
+                windows.windows_of(owned, windows.owned_count).unsqueeze(3),
+                windows.owned_keys(owned).unsqueeze(2),
             )
 
         pos_q, pos_k = queries_and_keys(local_of(ref_pos))
@@ -205,6 +221,7 @@ def atom_encoder(
         p = p + call("c_to_p_trans_q", c_q)
         p = p + call("c_to_p_trans_k", c_k)
         p = p + call("p_mlp", p)
+        p = gather_windows(p, windows)
     return q, c, windows.wrap_windows(p, ref_pos), WindowKeys(windows)
 
 
@@ -251,16 +268,17 @@ def pair_of_windows(
     Returns
     -------
     torch.Tensor
-        ``[B, K_p, W, H, d]``, this rank's windows (the same on every ``cp1`` rank).
+        ``[B, K_pl, W, H, d]``, the windows this rank owns.
 
     Notes
     -----
     Communication: the window moves of an ``[B, A_p, H]`` index and an ``[B, A_p, H, d]``
     tensor (point to point in a ``cp0`` column, fewer than ``W`` rows per block boundary,
     plus the key halos of the index), and ONE all-reduce over ``cp1`` of
-    ``[B, A_p, H, d]``; backward: the identity over ``cp1`` (every ``cp1`` rank's rows get
-    the whole gradient, and each tile entry is read on one rank only), the moves back, and
-    the lookup's scatter-add into the tile.
+    ``[B, A_p, H, d]``; backward: ONE all-gather over ``cp1`` of the owned windows'
+    gradients, the identity over ``cp1`` (every ``cp1`` rank's rows get the whole gradient,
+    and each tile entry is read on one rank only), the moves back, and the lookup's
+    scatter-add into the tile.
     """
     mesh = z.device_mesh
     p, q = coordinate(mesh)
@@ -287,7 +305,8 @@ def pair_of_windows(
         looked_up = flat.gather(1, index.reshape(b, -1, 1).expand(-1, -1, width))
     looked_up = looked_up.view(b, atoms, windows.keys, width) * held[..., None].to(z_local.dtype)
     complete = SumToReplicate.apply(looked_up, mesh, (COLUMNS,))
-    return windows.windows_of(windows.to_windows(complete))
+    return windows.windows_of(own_windows(windows.to_windows(complete), windows, windows.queries),
+                              windows.owned_count)  # fmt: skip
 
 
 def atom_transformer(
@@ -333,32 +352,38 @@ def atom_transformer(
         )
     windows = AtomWindows.of(q, module.attn_window_queries, module.attn_window_keys, "q")
     b, dim = q.shape[0], q.shape[-1]
-    count, w, h = windows.window_counts[windows.p], windows.queries, windows.keys
+    count, w, h = windows.owned_count, windows.queries, windows.keys
     bias_local = local_of(bias)
     if bias_local.shape[0] * multiplicity != b:
         raise ShardingLayoutError(
             f"AtomTransformer: bias batch {bias_local.shape[0]} x multiplicity {multiplicity} "
             f"is not the batch {b} of q"
         )
-    # Boltz repeats the window bias over the samples (O(A H), not a pair tensor).
-    bias_local = bias_local.repeat_interleave(multiplicity, 0)
-    if tuple(bias.shape[1:4]) != (sum(windows.window_counts), w, h) or bias_local.shape[1] != count:
+    row_windows = windows.window_counts[windows.p]
+    if tuple(bias.shape[1:4]) != (sum(windows.window_counts), w, h) or (
+        bias_local.shape[1] != row_windows
+    ):
         raise ShardingLayoutError(
             f"AtomTransformer: bias {tuple(bias.shape)} (local {tuple(bias_local.shape)}) is "
             f"not the encoder's window-aligned [B, {sum(windows.window_counts)}, {w}, {h}, c] "
-            f"with {count} windows here"
+            f"with {row_windows} windows here"
         )
+    # Boltz repeats the window bias over the samples (O(A H), not a pair tensor).
+    bias_local = own_windows(bias_local, windows).repeat_interleave(multiplicity, 0)
 
     def window_keys(x: torch.Tensor) -> torch.Tensor:
         """Boltz's ``to_keys`` on this rank's windows ``[B K, W, d]`` -> ``[B K, H, d]``."""
-        keys = windows.window_keys(x.reshape(b, count * w, -1))
-        return keys.reshape(b * count, h, -1)
+        keys = windows.owned_keys(x.reshape(b, count * w, x.shape[-1]))
+        return keys.reshape(b * count, h, x.shape[-1])
 
     transformer = module.diffusion_transformer
 
     def run(a: torch.Tensor, s: torch.Tensor, window_bias: torch.Tensor, window_mask: torch.Tensor):
         """The transformer on this rank's windows, its parameters' gradients reduced."""
-        call = submodule_caller(module, tile_parameters(module, q.device_mesh, (ROWS,)))
+        params = tile_parameters(module, q.device_mesh, windows.window_mesh_dims)
+        if not count:
+            return _no_windows(a, s, window_bias, params)
+        call = submodule_caller(module, params)
         checkpointing = transformer.activation_checkpointing
         transformer.activation_checkpointing = False  # checkpointed around ``run`` instead
         try:
@@ -367,20 +392,40 @@ def atom_transformer(
         finally:
             transformer.activation_checkpointing = checkpointing
 
+    def owned(x: torch.Tensor) -> torch.Tensor:
+        """This rank's windows of scattered atoms ``x``, ``[B K, W, ...]``."""
+        run_of = own_windows(windows.to_windows(x), windows, w)
+        return run_of.reshape(b * count, w, *run_of.shape[2:])
+
     inputs = (
-        windows.to_windows(q).reshape(b * count, w, -1),
-        windows.to_windows(c).reshape(b * count, w, -1),
-        bias_local.reshape(b * count, w, h, -1),
-        windows.to_windows(local_of(mask).float()).reshape(b * count, w),
+        owned(q),
+        owned(c),
+        bias_local.reshape(b * count, w, h, bias_local.shape[-1]),
+        owned(local_of(mask).float()),
     )
     if transformer.activation_checkpointing and transformer.training:
         # Boltz's reentrant checkpoint would recompute each layer with the module's own
-        # parameters, past the reduction of their gradients over cp0; the non-reentrant
-        # one recomputes only the saved tensors, and the gradients take the forward's path.
+        # parameters, past the reduction of their gradients over the mesh; the
+        # non-reentrant one recomputes only the saved tensors, and the gradients take the
+        # forward's path.
         out = torch.utils.checkpoint.checkpoint(run, *inputs, use_reentrant=False)
     else:
         out = run(*inputs)
-    return windows.to_atoms(out.reshape(b, count * w, dim), q)
+    out = gather_windows(out.reshape(b, count * w, dim), windows, w)
+    return windows.to_atoms(out, q)
+
+
+def _no_windows(
+    a: torch.Tensor, s: torch.Tensor, bias: torch.Tensor, params: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """The empty output ``[0, W, d]`` of a rank without windows, which Boltz's attention refuses.
+
+    A row block of fewer atoms than a window may start no window. Zero gradients still
+    reach the inputs and the parameters, so that this rank takes part in the backward's
+    moves and parameter reductions like the others.
+    """
+    anchor = s.sum() + bias.sum() + sum(p.sum() for p in params.values() if p.requires_grad)
+    return a * 0 + anchor * 0
 
 
 def handlers() -> list[tuple[type, Callable]]:

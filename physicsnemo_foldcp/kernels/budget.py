@@ -12,6 +12,18 @@ The budget is process-wide (like ``torch.backends`` flags): :func:`set_work_budg
 :func:`work_budget` as a context manager; the apps set it from ``mesh.work_budget_mib``.
 The kernels say what they chose (:func:`report_pieces`); :func:`recorded_pieces` collects
 it, e.g. for a benchmark's table.
+
+What backward recomputes
+------------------------
+By default the kernels keep nothing of a piece for backward: the triangle attention
+recomputes its logits from the saved softmax statistics, the outer product mean its outer
+product (flash-attention style). That costs one more matrix product per piece (about 9 %
+more FLOPs in a trunk step) and holds activations of a few tiles. With
+:func:`set_kernel_recompute` ``(False)`` (``mesh.kernel_recompute=false``) they keep those
+tensors instead, as Boltz's own modules do: the probabilities ``[B, n, H, m, N]`` of each
+triangle attention and the outer product ``[B, n, m, c^2]`` of each outer product mean
+(``1 / P`` of what the serial module keeps on a ``P``-rank mesh), and do exactly the
+serial step's FLOPs. Keep them where they fit; recompute where the crop is large.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ DEFAULT_WORK_BUDGET_MIB = 64.0
 _MIB = 1 << 20
 _budget_mib = DEFAULT_WORK_BUDGET_MIB
 _records: list[dict[str, set[str]]] = []
+_recompute = True
 
 
 def _checked(mib: float) -> float:
@@ -72,6 +85,43 @@ def work_budget(mib: float) -> Iterator[float]:
         yield mib
     finally:
         set_work_budget(previous)
+
+
+def kernel_recompute() -> bool:
+    """Whether the kernels recompute in backward what a piece computed (default True)."""
+    return _recompute
+
+
+def set_kernel_recompute(enabled: bool) -> bool:
+    """Choose between recomputing in backward (``True``) and keeping for it (``False``).
+
+    Parameters
+    ----------
+    enabled : bool
+        ``True``: the triangle attention's logits and the outer product mean's product
+        are recomputed in backward (least memory). ``False``: they are kept from forward
+        (the serial modules' FLOPs; memory of the kept tensors, see the module docstring).
+
+    Returns
+    -------
+    bool
+        The previous setting.
+    """
+    global _recompute
+    if not isinstance(enabled, bool):
+        raise TypeError(f"kernel_recompute must be a bool, got {enabled!r}")
+    previous, _recompute = _recompute, enabled
+    return previous
+
+
+@contextlib.contextmanager
+def recompute_in_backward(enabled: bool) -> Iterator[bool]:
+    """Run a block with :func:`set_kernel_recompute` ``(enabled)``, restoring it after."""
+    previous = set_kernel_recompute(enabled)
+    try:
+        yield enabled
+    finally:
+        set_kernel_recompute(previous)
 
 
 def pieces_width(total: int, bytes_per_unit: int) -> int:
@@ -142,10 +192,13 @@ def recorded_pieces() -> Iterator[dict[str, set[str]]]:
 __all__ = [
     "DEFAULT_WORK_BUDGET_MIB",
     "fits",
+    "kernel_recompute",
     "pieces_count",
     "pieces_width",
+    "recompute_in_backward",
     "recorded_pieces",
     "report_pieces",
+    "set_kernel_recompute",
     "set_work_budget",
     "work_budget",
     "work_budget_mib",

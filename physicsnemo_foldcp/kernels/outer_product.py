@@ -26,7 +26,8 @@ Rank ``(p, q)`` computes its own tile ``out[R_p, C_q]``, which needs ``a`` of th
    no further reduction. :class:`OuterProductTile` contracts over ``s`` in chunks of ``k``
    hidden channels of ``a`` and applies the matching columns of ``proj_o.weight`` to each
    chunk at once, so the ``n x m x k c`` chunk is the only ``c^2``-wide tensor and it is
-   never saved: backward recomputes it. Division by the count commutes with the linear
+   not saved: backward recomputes it (unless the kernels keep it,
+   :mod:`~physicsnemo_foldcp.kernels.budget`). Division by the count commutes with the linear
    projection and is applied after it; ``proj_o.bias`` is added once per tile. The
    contraction accumulates in fp32, as Boltz's ``a.float()`` does.
 
@@ -82,6 +83,7 @@ from physicsnemo_foldcp.core.blocks import (
     reduce_scatter_blocks,
 )
 from physicsnemo_foldcp.kernels.autocast import backward_in_forward_autocast
+from physicsnemo_foldcp.kernels.budget import kernel_recompute
 from physicsnemo_foldcp.sharding.plan import split_sizes
 
 # -- geometry --------------------------------------------------------------------------------
@@ -259,8 +261,10 @@ class OuterProductTile(torch.autograd.Function):
     ``count [B, n, m]`` (not differentiable). Output ``[B, n, m, c_out]`` in fp32.
 
     Forward and backward loop over chunks of ``chunk`` hidden channels of ``a``; a chunk's
-    ``[B, n, m, chunk * c]`` outer product is projected at once and recomputed in backward,
-    never saved. No communication.
+    ``[B, n, m, chunk * c]`` outer product is projected at once and recomputed in backward
+    for the weight's gradient, unless the kernels keep it
+    (:func:`~physicsnemo_foldcp.kernels.budget.set_kernel_recompute` ``(False)``: the
+    chunks, ``[B, n, m, c^2]`` in all, are kept from forward). No communication.
     """
 
     @staticmethod
@@ -269,20 +273,24 @@ class OuterProductTile(torch.autograd.Function):
         a32, b32, w32 = a.float(), b.float(), weight.float()
         c = a.shape[-1]
         out = None
+        keep = weight.requires_grad and not kernel_recompute()
+        kept = []
         for start in range(0, c, chunk):
             width = min(chunk, c - start)
             z = chunk_product(a32, b32, start, width)
             part = z @ w32[:, start * c : (start + width) * c].T
             out = part if out is None else out + part
+            if keep:
+                kept.append(z)
         out = out / count.unsqueeze(-1)
-        ctx.save_for_backward(a, b, weight, count)
+        ctx.save_for_backward(a, b, weight, count, *kept)
         ctx.chunk = chunk
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        """Chunk by chunk: the outer product recomputed, its gradient formed and used."""
-        a, b, weight, count = ctx.saved_tensors
+        """Chunk by chunk: the outer product kept or recomputed, its gradient formed and used."""
+        a, b, weight, count, *kept = ctx.saved_tensors
         chunk = ctx.chunk
         a32, b32, w32 = a.float(), b.float(), weight.float()
         batch, _, n, c = a.shape
@@ -291,11 +299,11 @@ class OuterProductTile(torch.autograd.Function):
         grad_a = torch.zeros_like(a32) if ctx.needs_input_grad[0] else None
         grad_b = torch.zeros_like(b32) if ctx.needs_input_grad[1] else None
         grad_w = torch.zeros_like(w32) if ctx.needs_input_grad[2] else None
-        for start in range(0, c, chunk):
+        for index, start in enumerate(range(0, c, chunk)):
             width = min(chunk, c - start)
             cols = slice(start * c, (start + width) * c)
             if grad_w is not None:
-                z = chunk_product(a32, b32, start, width)
+                z = kept[index] if kept else chunk_product(a32, b32, start, width)
                 grad_w[:, cols] = torch.einsum("bijo,bijx->ox", g, z)
                 del z
             gz = (g @ w32[:, cols]).view(batch, n, m, width, c)

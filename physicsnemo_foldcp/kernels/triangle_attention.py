@@ -37,11 +37,12 @@ Rank ``(i, j)`` computes the outputs of its own tile: rows ``r in R_i``, queries
    the compute; each rank's piece is copied once into the send buffer and the gathered
    pieces are read in place (no re-layout).
 4. Backward recomputes the logits the same way (flash-attention style, from the saved
-   running max and sum): the gradients of the streamed keys and values are
-   reduce-scattered back over ``Q`` per step (with the overlap, while the next step is
-   computed, into the other of two buffers), the bias strip's gradient goes back through
-   the adjoint of step 2 (ONE reduce-scatter, or all-reduce, over ``P``; ONE all-to-all
-   over ``Q``).
+   running max and sum), or reads the probabilities ``[B, n, H, m, N]`` that forward kept
+   (``set_kernel_recompute(False)``, :mod:`~physicsnemo_foldcp.kernels.budget`): the
+   gradients of the streamed keys and values are reduce-scattered back over ``Q`` per step
+   (with the overlap, while the next step is computed, into the other of two buffers),
+   the bias strip's gradient goes back through the adjoint of step 2 (ONE reduce-scatter,
+   or all-reduce, over ``P``; ONE all-to-all over ``Q``).
 
 The ending node runs the same algorithm on the locally transposed tile with the mesh dims
 swapped (``P = cp1``, ``Q = cp0``): rows are the pair's columns ``C_j``, queries and keys
@@ -75,7 +76,9 @@ budget), a few sub-chunk score tensors of ``n x H x m x kc`` elements (two of th
 the probabilities and their gradient in backward, within the work budget; one key column
 at least) and the ``n x H x m x c`` accumulator; in backward also
 the key/value gradient buffer ``cp1 w x n x 2 H c`` and ``dq, dk, dv`` (a tile each). No
-rank ever holds the ``N x N`` scores of a row, or a row of key tiles.
+rank ever holds the ``N x N`` scores of a row, or a row of key tiles, unless the
+probabilities are kept for backward (then ``n x H x m x N`` from forward to backward:
+``1 / (cp0 cp1)`` of what Boltz's module keeps).
 
 ``chunk_size`` (Boltz's eval-mode row chunking) only bounds memory, which the streaming
 already bounds, so it is accepted and not used. ``use_kernels`` / ``use_flash_attn`` are
@@ -99,7 +102,12 @@ from physicsnemo_foldcp.core.blocks import (
     reduce_scatter_blocks,
 )
 from physicsnemo_foldcp.kernels.autocast import backward_in_forward_autocast
-from physicsnemo_foldcp.kernels.budget import fits, pieces_width, report_pieces
+from physicsnemo_foldcp.kernels.budget import (
+    fits,
+    kernel_recompute,
+    pieces_width,
+    report_pieces,
+)
 
 SCORE_COPIES = 2
 """Sub-chunk score tensors alive together: the probabilities and, in backward, their
@@ -422,11 +430,15 @@ def _attend_step(
     q: torch.Tensor,
     strip: torch.Tensor,
     state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    kept: tuple[torch.Tensor, list] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Merge one step's keys ``[cp, B, n, w, F]`` into the online softmax.
 
     ``state`` is ``(running max [B, n, H, m], running sum [B, n, H, m], weighted values
-    [B, n, H, m, c])``; returns the updated state.
+    [B, n, H, m, c])``; returns the updated state. With ``kept = (probabilities
+    [B, n, H, m, N], maxes)``, each sub-chunk's ``exp(logits - running max)`` is written at
+    its keys and ``(key, width, running max)`` appended to ``maxes``
+    (:func:`_normalise_kept` makes them the probabilities).
     """
     running_max, running_sum, acc = state
     hidden = q.shape[-1]
@@ -436,10 +448,22 @@ def _attend_step(
         new_max = torch.maximum(running_max, logits.amax(-1))
         rescale = torch.exp(running_max - new_max)
         p = logits.sub_(new_max.unsqueeze(-1).to(logits.dtype)).exp_()
+        if kept is not None:
+            kept[0].narrow(-1, key, width).copy_(p)
+            kept[1].append((key, width, new_max))
         running_sum = running_sum * rescale + p.sum(-1)
         acc = acc * rescale.unsqueeze(-1) + torch.matmul(p, v_sub)
         running_max = new_max
     return running_max, running_sum, acc
+
+
+def _normalise_kept(
+    probabilities: torch.Tensor, maxes: list, running_max: torch.Tensor, running_sum: torch.Tensor
+) -> None:
+    """Rescale the kept sub-chunks to the softmax: ``* exp(max then - max) / sum`` in place."""
+    for key, width, chunk_max in maxes:
+        scale = torch.exp(chunk_max - running_max) / running_sum
+        probabilities.narrow(-1, key, width).mul_(scale.unsqueeze(-1).to(probabilities.dtype))
 
 
 def _backprop_step(
@@ -449,23 +473,28 @@ def _backprop_step(
     q: torch.Tensor,
     strip: torch.Tensor,
     grad_out: torch.Tensor,
-    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> None:
-    """One step of the backward: recompute the softmax of its keys from the saved statistics.
+    """One step of the backward: the softmax of its keys, kept or recomputed.
 
-    ``saved`` is ``(delta, running max, running sum)``, each ``[B, n, H, m, 1]`` (``delta =
-    sum(grad_out * out, -1)``). ``grads`` is ``(grad_q [B, n, H, m, c], grad_strip
-    [B, H, m, N], grad_kv [cp, B, n, H, w, 2 c])``: the step adds to the first two and
-    writes the keys' and values' gradients into the third at their gathered positions.
+    ``saved`` is ``(delta, running max, running sum, kept)``: the first three
+    ``[B, n, H, m, 1]`` (``delta = sum(grad_out * out, -1)``), ``kept`` the forward's
+    probabilities ``[B, n, H, m, N]`` or None (then recomputed from the saved statistics).
+    ``grads`` is ``(grad_q [B, n, H, m, c], grad_strip [B, H, m, N], grad_kv
+    [cp, B, n, H, w, 2 c])``: the step adds to the first two and writes the keys' and
+    values' gradients into the third at their gathered positions.
     """
-    delta, mx, total = saved
+    delta, mx, total, kept = saved
     grad_q, grad_strip, grad_kv = grads
     hidden = q.shape[-1]
     for rank, at, key, width in stream.chunks(step):
         k_t, v_sub, key_mask = _key_chunk(gathered[rank], hidden, at, width)
-        logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
-        p = logits.sub_(mx.to(logits.dtype)).exp_().div_(total.to(logits.dtype))
+        if kept is not None:
+            p = kept.narrow(-1, key, width)
+        else:
+            logits = _logits(q, k_t, key_mask, strip, key, width, stream.inf)
+            p = logits.sub_(mx.to(logits.dtype)).exp_().div_(total.to(logits.dtype))
         grad_v_sub = torch.matmul(p.transpose(-1, -2), grad_out)  # [B, n, H, kc, c]
         grad_s = torch.matmul(grad_out, v_sub.transpose(-1, -2).contiguous())  # [B, n, H, m, kc]
         grad_s.sub_(delta).mul_(p)
@@ -502,26 +531,37 @@ class StreamedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, strip, stream: Stream):
-        """The streaming loop; saves the running max and sum for the backward."""
+        """The streaming loop; saves the running max and sum for the backward.
+
+        Unless the kernels recompute (:func:`~physicsnemo_foldcp.kernels.budget.kernel_recompute`),
+        it also keeps the probabilities ``[B, n, H, m, N]`` for the backward.
+        """
         b, n, heads, m, hidden = q.shape
         acc_dtype = torch.promote_types(q.dtype, torch.float32)
         running_max = q.new_full((b, n, heads, m), -torch.inf, dtype=acc_dtype)
         running_sum = q.new_zeros((b, n, heads, m), dtype=acc_dtype)
         acc = q.new_zeros((b, n, heads, m, hidden), dtype=acc_dtype)
         state = (running_max, running_sum, acc)
+        kept = None
+        if not kernel_recompute():
+            kept = (q.new_empty((b, n, heads, m, strip.shape[-1])), [])
         for step, gathered in stream.gathered_steps(k, v, mask, q.shape[2]):
-            state = _attend_step(stream, step, gathered, q, strip, state)
+            state = _attend_step(stream, step, gathered, q, strip, state, kept)
             del gathered  # no view of it outlives the step: the buffer is free for the next
         running_max, running_sum, acc = state
         out = (acc / running_sum.unsqueeze(-1)).to(q.dtype)
         ctx.stream = stream
-        ctx.save_for_backward(q, k, v, mask, strip, out, running_max, running_sum)
+        saved = [q, k, v, mask, strip, out, running_max, running_sum]
+        if kept is not None:
+            _normalise_kept(kept[0], kept[1], running_max, running_sum)
+            saved.append(kept[0])
+        ctx.save_for_backward(*saved)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        """Streams the keys again and recomputes the softmax from the saved max and sum."""
-        q, k, v, mask, strip, out, running_max, running_sum = ctx.saved_tensors
+        """Streams the keys again; the softmax kept, or recomputed from the max and sum."""
+        q, k, v, mask, strip, out, running_max, running_sum, *kept = ctx.saved_tensors
         stream: Stream = ctx.stream
         layout = stream.layout
         b, n, heads, m, hidden = q.shape
@@ -543,7 +583,7 @@ class StreamedAttention(torch.autograd.Function):
         pending: tuple[int, torch.Tensor] | None = None
         for step, gathered in stream.gathered_steps(k, v, mask, q.shape[2]):
             grad_kv = buffers[step % len(buffers)].zero_()
-            saved = (delta, mx, total)
+            saved = (delta, mx, total, kept[0] if kept else None)
             _backprop_step(
                 stream, step, gathered, q, strip, grad_out, saved, (grad_q, grad_strip, grad_kv)
             )

@@ -29,9 +29,22 @@ then exactly the serial ones. All moves are :class:`~physicsnemo_foldcp.ops.row_
 (point to point among the ranks of one ``cp0`` column, differentiable: backward sends the
 gradient rows back and adds them).
 
+The ``cp1`` ranks of a row block hold the same atoms, so they split its ``K_p`` windows
+among them instead of each computing all of them: rank ``(p, l)`` *owns* the ``l``-th of
+``cp1`` consecutive runs of them (:attr:`AtomWindows.owned_counts`; in rank order the
+owned runs are the windows in order), when every row block has at least ``cp1`` windows
+(:attr:`AtomWindows.split_over_columns`; else each rank owns its row block's windows).
+:func:`own_windows` cuts a rank's run out of a window-aligned block (a slice; its
+backward all-gathers the runs' gradients over ``cp1``, so the block's gradient is whole
+on every ``cp1`` rank, as for any replicated tensor); :func:`gather_windows` joins the
+runs back into the block (ONE all-gather over ``cp1``; backward: the slice). The keys of
+an owned run take their halos from the neighbouring runs, across ``cp1`` and ``cp0``
+(:meth:`AtomWindows.owned_keys`, point to point).
+
 Layouts: the atom tensors are ``(Shard(1), Replicate())`` over ``(cp0, cp1)``; the
 window-aligned blocks are plain local tensors ``[B, K_p W, ...]`` (or ``[B, K_p, W, ...]``),
-the same on the ranks of one ``cp0`` row block.
+the same on the ranks of one ``cp0`` row block; the owned runs ``[B, K_pl W, ...]`` differ
+from rank to rank.
 """
 
 from __future__ import annotations
@@ -46,10 +59,12 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from physicsnemo_foldcp.core import compat
 from physicsnemo_foldcp.core.blocks import (
+    COLUMNS,
     ROWS,
     ShardingLayoutError,
     block_starts,
     coordinate,
+    gather_blocks,
     local_of,
     mesh_ranks,
     mesh_sizes,
@@ -164,10 +179,54 @@ class AtomWindows:
         """This rank's ``cp0`` coordinate."""
         return coordinate(self.mesh)[0]
 
+    @property
+    def split_over_columns(self) -> bool:
+        """Whether the ``cp1`` ranks of a row block split its windows among them.
+
+        They do when ``cp1 > 1`` and every row block has at least ``cp1`` windows (every
+        rank then owns one or more); otherwise every ``cp1`` rank of a row block owns all
+        of its windows (a sample of a few windows per row block: the work is repeated).
+        """
+        parts = self.mesh.size(COLUMNS)
+        return parts > 1 and min(self.window_counts) >= parts
+
+    @property
+    def window_mesh_dims(self) -> tuple[int, ...]:
+        """Mesh dims over which the parameters used on the owned windows sum their parts."""
+        return (ROWS, COLUMNS) if self.split_over_columns else (ROWS,)
+
+    @property
+    def owned_counts(self) -> tuple[tuple[int, ...], ...]:
+        """Windows each rank owns: ``owned_counts[p][l]`` of row block ``p``'s ``K_p``.
+
+        Split over ``cp1`` (:attr:`split_over_columns`): consecutive runs that differ by at
+        most one (the first runs the longer); otherwise ``(K_p,)``, one run per row block.
+        """
+        if not self.split_over_columns:
+            return tuple((k,) for k in self.window_counts)
+        parts = self.mesh.size(COLUMNS)
+        return tuple(
+            tuple(k // parts + (1 if j < k % parts else 0) for j in range(parts))
+            for k in self.window_counts
+        )
+
+    @property
+    def owned_span(self) -> tuple[int, int]:
+        """``(first window, windows)`` this rank owns, within its row block's windows."""
+        p, q = coordinate(self.mesh)
+        counts = self.owned_counts[p]
+        q = q if self.split_over_columns else 0
+        return sum(counts[:q]), counts[q]
+
+    @property
+    def owned_count(self) -> int:
+        """Windows this rank owns (``K_pl``, or ``K_p`` when not split)."""
+        return self.owned_span[1]
+
     # -- routes ------------------------------------------------------------------------
 
     def _route(self, kind: str, device: torch.device) -> RowRoute:
-        """The route of a move (``"to_windows"``, ``"to_atoms"``, ``"keys"``).
+        """The route of a move (``"to_windows"``, ``"to_atoms"``, ``"keys"``, ``"owned_keys"``).
 
         Planned from the atom blocks (Python ints from the sharding shapes) once per
         geometry and device, and shared by every call and every module with the same
@@ -209,18 +268,32 @@ class AtomWindows:
         rank's windows: the halos come from the neighbouring ranks, zeros outside
         ``[0, A)``.
         """
-        extended = self._move(local, "keys")
+        return self._unfold_keys(self._move(local, "keys"), self.window_counts[self.p])
+
+    def _unfold_keys(self, extended: torch.Tensor, windows: int) -> torch.Tensor:
+        """``[B, K, H, ...]`` keys of ``K`` windows from their atoms with both halos."""
         b, length, rest = extended.shape[0], extended.shape[1], extended.shape[2:]
-        windows = self.window_counts[self.p]
         if not windows:
             return extended.new_zeros((b, 0, self.keys, *rest))
         flat = extended.reshape(b, length, -1).unfold(1, self.keys, self.queries)
         return flat.transpose(2, 3).reshape(b, windows, self.keys, *rest)
 
-    def windows_of(self, local: torch.Tensor) -> torch.Tensor:
-        """``[B, K_p W, ...]`` viewed as ``[B, K_p, W, ...]``."""
+    def owned_keys(self, owned: torch.Tensor) -> torch.Tensor:
+        """Keys ``[B, K_pl, H, ...]`` of this rank's owned windows ``[B, K_pl W, ...]``.
+
+        :meth:`window_keys` for owned runs: the halos come from the neighbouring runs (on
+        the other ``cp1`` ranks of the row block, or the next row block's), point to point.
+        """
+        if not self.split_over_columns:
+            return self.window_keys(owned)
+        extended = self._move(owned, "owned_keys")
+        return self._unfold_keys(extended, self.owned_count)
+
+    def windows_of(self, local: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        """``[B, K W, ...]`` viewed as ``[B, K, W, ...]`` (``K``: ``K_p``, or ``count``)."""
         shape = local.shape
-        return local.reshape(shape[0], self.window_counts[self.p], self.queries, *shape[2:])
+        count = self.window_counts[self.p] if count is None else count
+        return local.reshape(shape[0], count, self.queries, *shape[2:])
 
     def wrap_windows(self, local: torch.Tensor, like: ShardTensor) -> FoldTensor:
         """A per-window tensor ``[B, K_p, ...]`` as a FoldTensor sharded on its window dim."""
@@ -285,13 +358,97 @@ class AtomWindows:
         return [(bool(g[0]), bool(g[1])) for g in torch.stack(gathered).tolist()]
 
 
+class _OwnWindows(torch.autograd.Function):
+    """This rank's run of a row block's windows; backward joins the runs' gradients."""
+
+    @staticmethod
+    def forward(ctx, block: torch.Tensor, windows: AtomWindows, unit: int) -> torch.Tensor:
+        """``block`` ``[B, K_p u, ...]`` -> ``[B, K_pl u, ...]`` (``u``: rows per window)."""
+        ctx.windows, ctx.unit = windows, unit
+        first, count = windows.owned_span
+        return block.narrow(ATOM_DIM, first * unit, count * unit).clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        """ONE all-gather over ``cp1`` of the runs' gradients."""
+        return _join_runs(grad.contiguous(), ctx.windows, ctx.unit), None, None
+
+
+class _GatherWindows(torch.autograd.Function):
+    """A row block's windows joined from the runs of its ``cp1`` ranks; backward: the slice."""
+
+    @staticmethod
+    def forward(ctx, owned: torch.Tensor, windows: AtomWindows, unit: int) -> torch.Tensor:
+        """``owned`` ``[B, K_pl u, ...]`` -> ``[B, K_p u, ...]``: ONE all-gather over ``cp1``."""
+        ctx.windows, ctx.unit = windows, unit
+        return _join_runs(owned.contiguous(), windows, unit)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        """This rank's run of the (whole, replicated) gradient."""
+        first, count = ctx.windows.owned_span
+        unit = ctx.unit
+        return grad.narrow(ATOM_DIM, first * unit, count * unit).contiguous(), None, None
+
+
+def _join_runs(owned: torch.Tensor, windows: AtomWindows, unit: int) -> torch.Tensor:
+    sizes = [k * unit for k in windows.owned_counts[windows.p]]
+    return gather_blocks(owned, ATOM_DIM, sizes, windows.mesh, COLUMNS)
+
+
+def own_windows(block: torch.Tensor, windows: AtomWindows, unit: int = 1) -> torch.Tensor:
+    """This rank's owned run of a window-aligned block (dim 1 counts ``unit`` rows a window).
+
+    Parameters
+    ----------
+    block : torch.Tensor
+        ``[B, K_p u, ...]``: the row block's windows, the same on its ``cp1`` ranks
+        (``u = W`` for window-aligned atoms, 1 for ``[B, K_p, ...]`` per-window tensors).
+    windows : AtomWindows
+        The windows.
+    unit : int, default 1
+        Rows of dim 1 per window.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, K_pl u, ...]``. No communication forward; backward ONE all-gather over
+        ``cp1`` (none when the windows are not split, :attr:`AtomWindows.split_over_columns`).
+    """
+    if not windows.split_over_columns:
+        return block
+    return _OwnWindows.apply(block, windows, unit)
+
+
+def gather_windows(owned: torch.Tensor, windows: AtomWindows, unit: int = 1) -> torch.Tensor:
+    """The row block's windows ``[B, K_p u, ...]`` from every ``cp1`` rank's owned run.
+
+    The inverse of :func:`own_windows`: ONE all-gather over ``cp1`` forward (none when the
+    windows are not split), the slice backward.
+    """
+    if not windows.split_over_columns:
+        return owned
+    return _GatherWindows.apply(owned, windows, unit)
+
+
 @functools.lru_cache(maxsize=64)
 def _window_route(windows: AtomWindows, kind: str, device: torch.device) -> RowRoute:
     """:meth:`AtomWindows._route`, planned once per geometry (no tensor is read)."""
     p, q = coordinate(windows.mesh)
-    peers = [row[q] for row in mesh_ranks(windows.mesh)]
     a, w = windows.atom_bounds, windows.window_bounds
     blocks = range(len(a) - 1)
+    if kind == "owned_keys":  # every rank's run, in rank order: the windows in order
+        runs = [(w[t] // windows.queries, counts) for t, counts in enumerate(windows.owned_counts)]
+        starts = [first + sum(counts[:j]) for first, counts in runs for j in range(len(counts))]
+        sizes = [k for _, counts in runs for k in counts]
+        wanted = [
+            windows._key_rows(s * windows.queries, (s + k) * windows.queries)
+            for s, k in zip(starts, sizes)
+        ]
+        peers = [rank for row in mesh_ranks(windows.mesh) for rank in row]
+        in_sizes = [k * windows.queries for k in sizes]
+        return plan_route(wanted, in_sizes, p * windows.mesh.size(COLUMNS) + q, peers, device)
+    peers = [row[q] for row in mesh_ranks(windows.mesh)]
     if kind == "to_windows":
         wanted = [range(w[t], w[t + 1]) for t in blocks]
         in_sizes = windows.atom_sizes
@@ -304,4 +461,4 @@ def _window_route(windows: AtomWindows, kind: str, device: torch.device) -> RowR
     return plan_route(wanted, in_sizes, p, peers, device)
 
 
-__all__ = ["ATOM_DIM", "AtomWindows", "check_window_sizes"]
+__all__ = ["ATOM_DIM", "AtomWindows", "check_window_sizes", "gather_windows", "own_windows"]

@@ -23,7 +23,7 @@ without the plugin's class.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -100,7 +100,10 @@ def unregister_module_handler(cls: type[nn.Module]) -> None:
 
 
 def tile_parameters(
-    module: nn.Module, mesh: DeviceMesh, mesh_dims: tuple[int, ...] = (ROWS, COLUMNS)
+    module: nn.Module,
+    mesh: DeviceMesh,
+    mesh_dims: tuple[int, ...] = (ROWS, COLUMNS),
+    submodule_dims: Mapping[str, tuple[int, ...]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The module's parameters for use on every rank's own blocks.
 
@@ -119,14 +122,24 @@ def tile_parameters(
     mesh_dims : tuple[int, ...], default (cp0, cp1)
         The mesh dims whose ranks compute different parts: both for a pair tile, ``cp0``
         only for row blocks that the ranks of ``cp1`` compute alike.
+    submodule_dims : mapping of str to tuple[int, ...], optional
+        Other mesh dims for the parameters of the named direct submodules (one more
+        flat reduction per distinct set of dims).
     """
     params = parameter_slots(module)
     unique = dict(module.named_parameters())
     trained = [name for name, p in unique.items() if p.requires_grad]
     if not (torch.is_grad_enabled() and trained):
         return params
-    shared = TileParameters.apply(mesh, tuple(mesh_dims), *(unique[n] for n in trained))
-    view_of = {id(unique[name]): view for name, view in zip(trained, shared)}
+    special = dict(submodule_dims or {})
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name in trained:
+        dims = special.get(name.split(".", 1)[0], mesh_dims)
+        groups.setdefault(tuple(dims), []).append(name)
+    view_of: dict[int, torch.Tensor] = {}
+    for dims, names in groups.items():
+        shared = TileParameters.apply(mesh, dims, *(unique[n] for n in names))
+        view_of.update({id(unique[name]): view for name, view in zip(names, shared)})
     return {name: view_of.get(id(p), p) for name, p in params.items()}
 
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.flop_counter import FlopCounterMode
 
+from physicsnemo_foldcp.core.blocks import all_reduce
 from physicsnemo_foldcp.testing.counting import LocalCounter
 
 
@@ -48,4 +51,15 @@ class LocalFlops(LocalCounter):
         return 0 if formula is None else formula(*args, **kwargs, out_val=out)
 
 
-__all__ = ["LocalFlops"]
+def summed_over_mesh(count: int, mesh: DeviceMesh) -> int:
+    """``count`` (e.g. :attr:`LocalFlops.total`) summed over every rank of ``mesh``.
+
+    ONE all-reduce per mesh dim of size > 1, of one float64 (exact below ``2^53``).
+    """
+    total = torch.tensor([count], dtype=torch.float64, device=torch.device(mesh.device_type))
+    for mesh_dim in range(mesh.ndim):
+        total = all_reduce(total, mesh, mesh_dim)
+    return int(total.item())
+
+
+__all__ = ["LocalFlops", "summed_over_mesh"]

@@ -64,7 +64,11 @@ from physicsnemo_foldcp.data.loader import ShardedLoader
 from physicsnemo_foldcp.data.synthetic import make_complex
 from physicsnemo_foldcp.distributed.bootstrap import init_mesh
 from physicsnemo_foldcp.distributed.mesh import FoldMesh
-from physicsnemo_foldcp.kernels.budget import DEFAULT_WORK_BUDGET_MIB, set_work_budget
+from physicsnemo_foldcp.kernels.budget import (
+    DEFAULT_WORK_BUDGET_MIB,
+    set_kernel_recompute,
+    set_work_budget,
+)
 from physicsnemo_foldcp.models.boltz2_config import Boltz2Config, Boltz2TrunkConfig
 from physicsnemo_foldcp.models.reference import ModelConfig
 from physicsnemo_foldcp.sharding.options import ShardingOptions
@@ -176,12 +180,18 @@ class MeshConfig:
         Per-rank budget of one kernel piece's transient buffers (triangle attention's key
         sub-chunks, triangle multiplication's panels), see
         :mod:`~physicsnemo_foldcp.kernels.budget`: larger is faster while it fits.
+    kernel_recompute : bool
+        Whether the triangle attention and the outer product mean recompute their scores
+        and outer product in backward (least memory) instead of keeping them from forward
+        as Boltz's modules do (the serial step's FLOPs, more memory), see
+        :func:`~physicsnemo_foldcp.kernels.budget.set_kernel_recompute`.
     """
 
     ddp: int = default_of(init_mesh, "ddp")
     cp: list[int] = field(default_factory=lambda: list(default_of(init_mesh, "cp")))
     timeout_s: float | None = default_of(init_mesh, "timeout_s")
     work_budget_mib: float = DEFAULT_WORK_BUDGET_MIB
+    kernel_recompute: bool = True
 
     def __post_init__(self) -> None:
         # The sizes are checked against the world size by init_mesh, before any work.
@@ -191,7 +201,7 @@ class MeshConfig:
 
 
 def build_mesh(mesh: MeshConfig) -> FoldMesh:
-    """Start the job's ``ddp x cp0 x cp1`` mesh and set the kernels' work budget.
+    """Start the job's ``ddp x cp0 x cp1`` mesh; set the kernels' work budget and recompute.
 
     Parameters
     ----------
@@ -204,6 +214,7 @@ def build_mesh(mesh: MeshConfig) -> FoldMesh:
         From :func:`~physicsnemo_foldcp.init_mesh`.
     """
     set_work_budget(mesh.work_budget_mib)
+    set_kernel_recompute(mesh.kernel_recompute)
     return init_mesh(ddp=mesh.ddp, cp=tuple(mesh.cp), timeout_s=mesh.timeout_s)
 
 

@@ -49,18 +49,25 @@ def sample(n_tokens: int, seed: int) -> dict:
 
 
 # One mesh here: test_trunk.py compares the embedder's outputs (and every gradient) as
-# part of the whole trunk on 1x2, 2x2, 2x3 and 3x3.
+# part of the whole trunk on 1x2, 2x2, 2x3 and 3x3. At N = 37 each row block's windows are
+# split over its cp1 ranks; at N = 7 a row block has fewer windows than cp1 ranks, and
+# each rank computes all of its row block's.
 @pytest.mark.parametrize(
-    "fold_mesh,n_tokens",
-    [((1, 2, 2), 37)],
+    "fold_mesh,n_tokens,split",
+    [((1, 2, 2), 37, True), ((1, 2, 2), 7, False)],
     indirect=["fold_mesh"],
-    ids=lambda v: mesh_id(v) if isinstance(v, tuple) else f"N{v}",
+    ids=lambda v: mesh_id(v) if isinstance(v, tuple) else f"{v}",
 )
-def test_input_embedder_matches_serial_without_fallbacks(fold_mesh, n_tokens):
+def test_input_embedder_matches_serial_without_fallbacks(fold_mesh, n_tokens, split):
     features = sample(n_tokens, seed=5)
-    bounds = AtomWindows.of(scatter_features(features, fold_mesh)["ref_pos"], 32, 128).atom_bounds
+    windows = AtomWindows.of(scatter_features(features, fold_mesh)["ref_pos"], 32, 128)
+    bounds = windows.atom_bounds
     straddles = len(bounds) == 2 or any(b % 32 for b in bounds)  # one row block: no cut
-    collective_assert(straddles, f"no window straddles the atom blocks {bounds}")
+    collective_assert(
+        straddles and windows.split_over_columns == split,
+        f"atom blocks {bounds}, windows per row block {windows.window_counts}: a window "
+        f"straddles them: {straddles}; split over cp1: {windows.split_over_columns}",
+    )
     model = randomize_parameters(Embedder(), 2)
     report = validate_model(model, features, fold_mesh, loss_fn=single_loss)
     collective_assert(report.ok, report.format())

@@ -14,9 +14,11 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
 from physicsnemo_foldcp.core import events
+from physicsnemo_foldcp.kernels.budget import recompute_in_backward
 from physicsnemo_foldcp.sharding.plan import column_block_sizes
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.collectives import collective_counts
+from physicsnemo_foldcp.testing.flops import LocalFlops, summed_over_mesh
 from physicsnemo_foldcp.testing.layouts import TokenLayout
 from physicsnemo_foldcp.testing.parity import close, randomize_parameters
 
@@ -120,3 +122,42 @@ def test_outer_product_mean_on_balanced_row_blocks(fold_mesh):
     rows = layout.plan.row_sizes("tokens")
     problems = run_and_compare(fold_mesh, layout, make_module(True), n, True, row_sizes=rows)
     collective_assert(not problems, "; ".join(problems))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 3)], indirect=True, ids=mesh_id)
+def test_kept_outer_product_matches_serial(fold_mesh):
+    """The outer product kept from forward for the weight's gradient, not recomputed."""
+    n = 37
+    layout = TokenLayout(fold_mesh, n, n_msa=MSA_ROWS)
+    with recompute_in_backward(False):
+        problems = run_and_compare(fold_mesh, layout, make_module(True), n, True)
+    collective_assert(not problems, "; ".join(problems))
+
+
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=mesh_id)
+def test_kept_outer_product_does_the_serial_modules_flops(fold_mesh):
+    """FLOPs of all ranks' forward + backward (torch's formulas on local blocks): kept, the
+    serial module's exactly; recomputed, the outer product once more (more).
+
+    The mask count ``sum_s mask[s, i] mask[s, j]`` is the same work on both sides, but
+    Boltz forms it with element-wise products (no FLOPs in torch's formulas) and the tiles
+    with a matrix product (``2 S N^2`` FLOPs in all), which is added to the serial count.
+    """
+    n = 23
+    m, mask = msa_inputs(n)
+    with LocalFlops() as counted:
+        make_module(True)(m.clone().requires_grad_(True), mask, None).pow(2).sum().backward()
+    want = counted.total + 2 * MSA_ROWS * n * n
+    layout = TokenLayout(fold_mesh, n, n_msa=MSA_ROWS)
+    totals = {}
+    for recompute in (False, True):
+        module = make_module(True)
+        m_st, _ = layout.shard(m, MSA, requires_grad=True)
+        mask_st, _ = layout.shard(mask, ("msa", "tokens"))
+        with recompute_in_backward(recompute), LocalFlops() as counted:
+            module(m_st, mask_st, None).to_local().pow(2).sum().backward()
+        totals[recompute] = summed_over_mesh(counted.total, fold_mesh.domain_mesh)
+    collective_assert(
+        totals[False] == want and totals[True] > want,
+        f"FLOPs of all ranks: kept {totals[False]}, recomputed {totals[True]}; serial {want}",
+    )

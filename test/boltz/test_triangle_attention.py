@@ -21,7 +21,11 @@ from torch.utils._pytree import tree_leaves
 
 import physicsnemo_foldcp.boltz
 from physicsnemo_foldcp.core.blocks import tile_shapes
-from physicsnemo_foldcp.kernels.budget import recorded_pieces, work_budget
+from physicsnemo_foldcp.kernels.budget import (
+    recompute_in_backward,
+    recorded_pieces,
+    work_budget,
+)
 from physicsnemo_foldcp.kernels.triangle_attention import (
     SCORE_COPIES,
     Layout,
@@ -32,6 +36,7 @@ from physicsnemo_foldcp.ops import wrap
 from physicsnemo_foldcp.sharding.plan import column_block_sizes, split_sizes
 from physicsnemo_foldcp.testing import collective_assert
 from physicsnemo_foldcp.testing.collectives import collective_counts
+from physicsnemo_foldcp.testing.flops import LocalFlops, summed_over_mesh
 
 attention = pytest.importorskip("boltz.model.layers.triangular_attention.attention")
 
@@ -240,6 +245,46 @@ def test_matches_serial_module_in_single_key_chunks(fold_mesh, starting):
     # a budget below one key's scores: every sub-chunk is one key, merged by the online softmax
     with work_budget(1 / MIB):
         check_against_serial(fold_mesh, starting, "train", 37, torch.float32)
+
+
+@distributed
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 3)], indirect=True, ids=["2x3"])
+@NODES
+@pytest.mark.parametrize("budget_mib", [64.0, 1 / MIB], ids=["one-chunk", "single-keys"])
+def test_kept_probabilities_match_serial_module(fold_mesh, starting, budget_mib):
+    # kept from forward instead of recomputed; with single-key chunks, each chunk's kept
+    # exp(logits - max then) is rescaled to the final softmax
+    with recompute_in_backward(False), work_budget(budget_mib):
+        check_against_serial(fold_mesh, starting, "train", 37, torch.float32)
+
+
+@distributed
+@pytest.mark.parametrize("fold_mesh", [(1, 2, 2)], indirect=True, ids=["2x2"])
+@NODES
+def test_kept_probabilities_do_the_serial_modules_flops(fold_mesh, starting):
+    """FLOPs of all ranks' forward + backward (torch's formulas on local blocks): kept, the
+    serial module's exactly; recomputed, one more ``q k^T`` product (more)."""
+    n = 37
+    serial = make_module(starting)
+    x, mask, weights = make_inputs(n)
+    with LocalFlops() as counted:
+        x_serial = x.clone().requires_grad_(True)
+        (serial(x_serial, mask=mask) * weights).sum().backward()
+    want = counted.total
+    tiles = Tiles(fold_mesh, n)
+    totals = {}
+    for recompute in (False, True):
+        module = make_module(starting).to(fold_mesh.device)
+        xs, _ = tiles.tile(x, requires_grad=True)
+        ms, _ = tiles.tile(mask)
+        with recompute_in_backward(recompute), LocalFlops() as counted:
+            out = module(xs, mask=ms)
+            (out.to_local() * tiles.cut(weights).to(fold_mesh.device)).sum().backward()
+        totals[recompute] = summed_over_mesh(counted.total, fold_mesh.domain_mesh)
+    collective_assert(
+        totals[False] == want and totals[True] > want,
+        f"FLOPs of all ranks: kept {totals[False]}, recomputed {totals[True]}; serial {want}",
+    )
 
 
 def check_against_serial(fold_mesh, starting, mode, n_tokens, dtype):
