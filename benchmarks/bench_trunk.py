@@ -830,7 +830,7 @@ def precision_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """
     groups: dict[tuple, dict[str, Mapping[str, Any]]] = {}
     for r in rows:
-        if not r.get("peak_MiB"):
+        if not r.get("peak_MiB") or not sizes_of(r).kernel_recompute:
             continue
         sizes = sizes_of(r)
         plain = sizes.plain().label()
@@ -864,7 +864,9 @@ PRECISION_COLUMNS = [
 def per_mesh_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per mesh at the largest N that every mesh ran with the same sizes: peak
     ratio to 1x1, step time over the serial trunk's, collectives, point-to-point calls and
-    bytes per step, host syncs (with the serial step's), FLOP ratio and the launch's command.
+    bytes per step, host syncs (with the serial step's), FLOP ratio and the launch's command;
+    and the FLOP ratio with the kernels keeping their scores for backward, with its command,
+    where a launch measured it at the same sizes and N.
 
     Parameters
     ----------
@@ -886,9 +888,13 @@ def per_mesh_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         return []
     config, n = max(everywhere, key=lambda key: (key[1], key[0] == BASE.label()))
     chosen = [r for r in rows if (r["config"], r["N"]) == (config, n)]
+    kept = {r["mesh"]: r for r in rows if (r["config"], r["N"]) == (f"{config} kept", n)}
     out = []
     for r in sorted(chosen, key=lambda r: (r["ranks_n"], r["mesh"])):
         item = dict(r)
+        other = kept.get(r["mesh"], {})
+        item["kept_flop_ratio"] = other.get("flop_ratio")
+        item["kept_command"] = other.get("command")
         for key in ("collective_bytes", "p2p_bytes"):
             value = r.get(key)
             item[key.replace("bytes", "MiB")] = value / MIB if value is not None else None
@@ -911,6 +917,8 @@ PER_MESH_COLUMNS = [
     ("serial_host_syncs", "serial host syncs / step"),
     ("flop_ratio", "FLOPs: all ranks / serial"),
     ("command", "command"),
+    ("kept_flop_ratio", "FLOPs: all ranks / serial, scores kept (kernel_recompute=false)"),
+    ("kept_command", "command (scores kept)"),
 ]
 """Columns of the summary's headline (every count: the largest rank's, one step)."""
 
@@ -1109,7 +1117,8 @@ def scenario_checks(
     model: memory_model.MemoryModel, rows: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """The scenarios' predictions against the measured peaks of every checkpointed or bf16
-    row (and the fp32 rows measured beside them), one row each."""
+    row (and the fp32 rows measured beside them), one row each; not of the steps whose
+    kernels keep their scores for backward, which no scenario describes."""
     plain = {
         (r["mesh"], sizes_of(r).plain(), r["N"])
         for r in rows
@@ -1119,7 +1128,7 @@ def scenario_checks(
     for r in rows:
         sizes = sizes_of(r)
         key = (r["mesh"], sizes.plain(), r["N"])
-        if key not in plain or not r.get("peak_MiB"):
+        if key not in plain or not r.get("peak_MiB") or not sizes.kernel_recompute:
             continue
         predicted = scenario_bytes(model, step_shape(r), sizes, scenario_of(sizes)) / MIB
         out.append(
